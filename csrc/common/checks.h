@@ -1,0 +1,95 @@
+// Argument validation shared by every op binding. Each check names the op and the argument,
+// and says what was expected: ValueError for device/shape/layout problems, TypeError for dtypes.
+#pragma once
+
+#include <ATen/MemoryOverlap.h>
+#include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "common/rows.cuh"
+
+namespace transformer_kernels {
+
+inline void check_cuda(const char* op, const at::Tensor& t, const char* name) {
+  TORCH_CHECK_VALUE(t.is_cuda(), op, ": ", name, " must be a CUDA tensor, got a tensor on ", t.device());
+}
+
+inline void check_same_device(const char* op, const at::Tensor& t, const char* name, const at::Tensor& ref,
+                              const char* ref_name) {
+  check_cuda(op, t, name);
+  TORCH_CHECK_VALUE(t.device() == ref.device(), op, ": ", name, " must be on the same device as ", ref_name,
+                    " (", ref.device(), "), got ", t.device());
+}
+
+inline bool is_float_dtype(c10::ScalarType dtype) {
+  return dtype == c10::ScalarType::Float || dtype == c10::ScalarType::Half || dtype == c10::ScalarType::BFloat16;
+}
+
+inline void check_float_dtype(const char* op, const at::Tensor& t, const char* name) {
+  TORCH_CHECK_TYPE(is_float_dtype(t.scalar_type()), op, ": ", name, " must be float32, float16 or bfloat16, got ",
+                   t.scalar_type());
+}
+
+inline void check_dtype(const char* op, const at::Tensor& t, const char* name, c10::ScalarType expected,
+                        const char* why) {
+  TORCH_CHECK_TYPE(t.scalar_type() == expected, op, ": ", name, " must have dtype ", expected, " (", why, "), got ",
+                   t.scalar_type());
+}
+
+inline void check_last_dim_contiguous(const char* op, const at::Tensor& t, const char* name) {
+  TORCH_CHECK_VALUE(t.dim() >= 1, op, ": ", name, " must have at least one dimension, got a 0-d tensor");
+  TORCH_CHECK_VALUE(t.size(-1) <= 1 || t.stride(-1) == 1, op, ": ", name,
+                    " must be contiguous in its last dimension (stride 1), got stride ", t.stride(-1),
+                    "; leading dimensions may have any stride");
+}
+
+inline void check_same_shape(const char* op, const at::Tensor& t, const char* name, const at::Tensor& ref,
+                             const char* ref_name) {
+  TORCH_CHECK_VALUE(t.sizes() == ref.sizes(), op, ": ", name, " must have the shape of ", ref_name, " ",
+                    ref.sizes(), ", got ", t.sizes());
+}
+
+// Outputs must be writable element by element: no element shared by two indices (expanded
+// views) and no memory shared with an input.
+inline void check_writable_output(const char* op, const at::Tensor& out, const char* name) {
+  TORCH_CHECK_VALUE(at::has_internal_overlap(out) != at::MemOverlap::Yes, op, ": ", name,
+                    " must not have overlapping elements (an expanded or broadcast view), got strides ", out.strides());
+}
+
+inline void check_no_overlap(const char* op, const at::Tensor& out, const char* out_name, const at::Tensor& in,
+                             const char* in_name) {
+  if (!in.defined() || out.numel() == 0 || in.numel() == 0) return;
+  TORCH_CHECK_VALUE(at::get_overlap_status(out, in) == at::MemOverlapStatus::No, op, ": ", out_name,
+                    " must not share memory with ", in_name);
+}
+
+inline void check_eps(const char* op, double eps) {
+  TORCH_CHECK_VALUE(std::isfinite(eps) && eps >= 0.0, op, ": eps must be a finite number >= 0, got ", eps);
+}
+
+// Row addressing for the leading dimensions of `t` (all but the last).
+inline RowIndexer row_indexer(const char* op, const at::Tensor& t, const char* name) {
+  RowIndexer rows;
+  const bool ok = make_row_indexer(t.sizes().data(), t.strides().data(), static_cast<int>(t.dim()) - 1, &rows);
+  TORCH_CHECK_VALUE(ok, op, ": ", name, " has more than ", kMaxRowDims,
+                    " leading dimensions that cannot be merged into one (sizes ", t.sizes(), ", strides ",
+                    t.strides(), "); pass a view with fewer strided dimensions");
+  return rows;
+}
+
+inline int64_t num_rows(const at::Tensor& t) {
+  return t.size(-1) == 0 ? 0 : t.numel() / t.size(-1);
+}
+
+// One thread block per row at most: the grid's x dimension bounds the row count.
+inline void check_row_count(const char* op, int64_t rows, const char* name) {
+  constexpr int64_t kMaxGridX = std::numeric_limits<int32_t>::max();
+  TORCH_CHECK_VALUE(rows <= kMaxGridX, op, ": ", name, " has ", rows, " rows; at most ", kMaxGridX,
+                    " are supported");
+}
+
+}  // namespace transformer_kernels

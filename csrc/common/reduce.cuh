@@ -1,0 +1,49 @@
+// Sum reductions over a warp, a group of lanes, or a whole thread block. Torch-free.
+#pragma once
+
+#include "common/math.cuh"
+
+namespace transformer_kernels {
+
+constexpr int kWarpSize = 32;
+constexpr unsigned kFullMask = 0xffffffffu;
+
+// Butterfly sum over aligned groups of `kWidth` lanes (kWidth a power of two <= 32); every
+// lane of the group receives the group's sum.
+template <int kWidth = kWarpSize>
+TK_DEVICE float group_reduce_sum(float v) {
+  static_assert(kWidth >= 1 && kWidth <= kWarpSize && (kWidth & (kWidth - 1)) == 0,
+                "group width must be a power of two no larger than a warp");
+#pragma unroll
+  for (int offset = kWidth / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(kFullMask, v, offset);
+  return v;
+}
+
+// Sum over all threads of a one-dimensional block (blockDim.x a multiple of 32, at most 1024);
+// every thread receives the total. Uses one __syncthreads, so call it at most once per kernel
+// unless the caller separates calls with another barrier.
+TK_DEVICE float block_reduce_sum(float v) {
+  __shared__ float warp_sums[kWarpSize];
+  const int lane = threadIdx.x % kWarpSize;
+  const int warp = threadIdx.x / kWarpSize;
+  const int num_warps = blockDim.x / kWarpSize;
+  v = group_reduce_sum(v);
+  if (lane == 0) warp_sums[warp] = v;
+  __syncthreads();
+  // Every warp re-reduces the per-warp sums itself: no second barrier or broadcast needed.
+  v = lane < num_warps ? warp_sums[lane] : 0.f;
+  return group_reduce_sum(v);
+}
+
+// Sum over the threads that share one row. kThreadsPerRow == 0 means "the whole block"
+// (blockDim.x threads); otherwise an aligned group of kThreadsPerRow <= 32 lanes.
+template <int kThreadsPerRow>
+TK_DEVICE float row_reduce_sum(float v) {
+  if constexpr (kThreadsPerRow == 0) {
+    return block_reduce_sum(v);
+  } else {
+    return group_reduce_sum<kThreadsPerRow>(v);
+  }
+}
+
+}  // namespace transformer_kernels

@@ -1,0 +1,42 @@
+"""Layers for ``kernels.kernelize``: each replaces the ``forward`` of a model's module.
+
+Following the Kernel Hub rules, a layer has no ``__init__`` and no members beyond ``forward`` and
+the ``has_backward``/``can_torch_compile`` flags; ``forward`` reads the state of the module it is
+bound to (``self.weight``, the eps attribute, ...).
+"""
+
+import torch
+
+from .norm import rms_norm
+
+
+class RMSNorm(torch.nn.Module):
+    """RMSNorm for transformers' ``LlamaRMSNorm`` family, diffusers' ``RMSNorm`` and ``torch.nn.RMSNorm``.
+
+    The host module's type picks the rounding, so the output matches the module being replaced:
+    ``variance_epsilon`` (transformers) -> ``"hf"``; ``torch.nn.RMSNorm`` -> ``"torch"`` (its
+    ``eps=None`` means ``torch.finfo(x.dtype).eps``); otherwise diffusers (``eps``, optional
+    ``weight`` and ``bias``) -> ``"diffusers"``.
+
+    Shapes:
+        - hidden_states: ``[..., hidden]``
+        - output: ``[..., hidden]``
+    """
+
+    weight: torch.Tensor
+    can_torch_compile: bool = True
+    has_backward: bool = False
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        weight = getattr(self, "weight", None)
+        if hasattr(self, "variance_epsilon"):
+            return rms_norm(hidden_states, weight, self.variance_epsilon, rounding="hf")
+        if isinstance(self, torch.nn.RMSNorm):
+            eps = self.eps if self.eps is not None else torch.finfo(hidden_states.dtype).eps
+            return rms_norm(hidden_states, weight, eps, rounding="torch")
+        out = rms_norm(hidden_states, weight, self.eps, rounding="diffusers")
+        bias = getattr(self, "bias", None)
+        return out if bias is None else out + bias
+
+
+__all__ = ["RMSNorm"]
