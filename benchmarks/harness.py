@@ -1,0 +1,162 @@
+"""Micro-benchmark harness shared by every op's benchmark.
+
+Each case times our op and its baselines (the model library's eager code, the native PyTorch
+op where one exists, ``torch.compile`` of the eager code, Liger when installed) in the same run:
+median of CUDA-event timings after warm-up with the L2 flushed (``triton.testing.do_bench``),
+reported as GB/s and as a percentage of a device-to-device copy measured in the same run.
+Host-bound shapes (decode rows) also get the per-call time from eager Python.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+WARMUP_MS = 25
+REP_MS = 100
+COPY_BYTES = 1 << 30  # 1 GiB each way: far beyond L2, so the copy runs at HBM speed
+
+
+def time_ms(fn: Callable[[], object]) -> float:
+    """Median device time of fn() in ms: CUDA events, warm-up, L2 flushed before each rep."""
+    from triton.testing import do_bench
+
+    return float(do_bench(fn, warmup=WARMUP_MS, rep=REP_MS, return_mode="median"))
+
+
+def call_latency_us(fn: Callable[[], object], calls: int = 2000, repeats: int = 5) -> float:
+    """Per-call wall time of fn() issued back to back from Python, in µs (median of repeats).
+
+    For tiny problems this is what a model's eager forward pays: the host issuing the call,
+    not the GPU running it, is the bound."""
+    for _ in range(100):
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        samples.append((time.perf_counter() - t0) / calls * 1e6)
+    return statistics.median(samples)
+
+
+def copy_gbps() -> float:
+    """Device-to-device copy bandwidth (bytes read + written per second), in GB/s."""
+    src = torch.empty(COPY_BYTES, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    ms = time_ms(lambda: dst.copy_(src))
+    del src, dst
+    return 2 * COPY_BYTES / (ms * 1e-3) / 1e9
+
+
+def environment() -> dict:
+    import triton
+
+    props = torch.cuda.get_device_properties(0)
+    return {
+        "gpu": props.name,
+        "sm_count": props.multi_processor_count,
+        "capability": f"{props.major}.{props.minor}",
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+@dataclass
+class Case:
+    """One op on one shape and dtype, with every implementation to time on the same inputs."""
+
+    op: str
+    shape: str                       # e.g. "16384x4096"
+    dtype: str                       # e.g. "bfloat16"
+    bytes_moved: int                 # each input read once, each output written once
+    impls: dict[str, Callable[[], object]]
+    latency: bool = False            # also measure the per-call time from eager Python
+    note: str = ""
+
+
+@dataclass
+class Result:
+    op: str
+    shape: str
+    dtype: str
+    impl: str
+    ms: float
+    gbps: float
+    pct_copy: float
+    bytes_moved: int
+    call_us: float | None = None
+    note: str = ""
+
+
+@dataclass
+class Report:
+    env: dict
+    copy_gbps: float
+    results: list[Result] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+    def run(self, case: Case) -> None:
+        for impl, fn in case.impls.items():
+            try:
+                ms = time_ms(fn)
+                call = call_latency_us(fn) if case.latency else None
+            except Exception as e:  # a baseline that cannot run this case is reported, not fatal
+                self.skipped.append(f"{case.op} {case.shape} {case.dtype} {impl}: {type(e).__name__}: {e}"[:300])
+                continue
+            gbps = case.bytes_moved / (ms * 1e-3) / 1e9
+            self.results.append(Result(case.op, case.shape, case.dtype, impl, ms, gbps,
+                                       100 * gbps / self.copy_gbps, case.bytes_moved, call, case.note))
+
+    def save(self, out_dir: Path, stem: str) -> tuple[Path, Path]:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        js = out_dir / f"{stem}.json"
+        md = out_dir / f"{stem}.md"
+        js.write_text(json.dumps({"env": self.env, "copy_gbps": self.copy_gbps,
+                                  "results": [asdict(r) for r in self.results],
+                                  "skipped": self.skipped}, indent=1) + "\n")
+        md.write_text(self.markdown())
+        return js, md
+
+    def markdown(self) -> str:
+        e = self.env
+        lines = [f"# Micro-benchmarks: {e['gpu']}", "",
+                 f"torch {e['torch']}, CUDA {e['cuda']}, Triton {e['triton']}, {e['date']}. "
+                 f"Median of CUDA-event timings (L2 flushed). GB/s counts each input read once and each "
+                 f"output written once. Device-to-device copy in the same run: **{self.copy_gbps:.0f} GB/s**.",
+                 ""]
+        by_case: dict[tuple, dict[str, Result]] = {}
+        for r in self.results:
+            by_case.setdefault((r.op, r.shape, r.dtype), {})[r.impl] = r
+        impls = list(dict.fromkeys(r.impl for r in self.results))
+        baselines = [i for i in impls if i != "ours"]
+        header = ["op", "shape", "dtype", "MB"] + [f"{i} GB/s (% copy)" for i in impls] + ["ours vs best baseline"]
+        lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        for (op, shape, dtype), row in by_case.items():
+            cells = [op, shape, dtype, f"{next(iter(row.values())).bytes_moved / 1e6:.1f}"]
+            for i in impls:
+                cells.append(f"{row[i].gbps:.0f} ({row[i].pct_copy:.0f}%)" if i in row else "—")
+            best = min((row[b].ms for b in baselines if b in row), default=None)
+            cells.append(f"{best / row['ours'].ms:.2f}×" if best and "ours" in row else "—")
+            lines.append("| " + " | ".join(cells) + " |")
+        lat = [r for r in self.results if r.call_us is not None]
+        if lat:
+            lines += ["", "Per-call time from eager Python (host-bound shapes), µs:", "",
+                      "| op | shape | dtype | impl | µs per call | device µs |", "|---|---|---|---|---|---|"]
+            lines += [f"| {r.op} | {r.shape} | {r.dtype} | {r.impl} | {r.call_us:.1f} | {r.ms * 1e3:.1f} |" for r in lat]
+        if self.skipped:
+            lines += ["", "Not run:", ""] + [f"- {s}" for s in self.skipped]
+        return "\n".join(lines) + "\n"
