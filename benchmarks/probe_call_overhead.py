@@ -18,13 +18,15 @@ def main() -> None:
     x = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(4096, device="cuda", dtype=torch.bfloat16)
     out = torch.empty_like(x)
+    op_out = tk.ops.rms_norm_out.default
     op = tk.ops.rms_norm.default
     probes = {
         "torch.empty": lambda: torch.empty((1, 4096), dtype=torch.bfloat16, device="cuda"),
         "x.add_(1) (one aten launch)": lambda: x.add_(1),
         "F.rms_norm": lambda: F.rms_norm(x, (4096,), w, 1e-6),
-        "ops.rms_norm.default(out, ...)": lambda: op(out, x, w, 1e-6, "hf"),
-        "ops.rms_norm(out, ...) (packet)": lambda: tk.ops.rms_norm(out, x, w, 1e-6, "hf"),
+        "ops.rms_norm_out.default(out, ...)": lambda: op_out(out, x, w, 1e-6, "hf"),
+        "ops.rms_norm.default(x, ...)": lambda: op(x, w, 1e-6, "hf"),
+        "ops.rms_norm(x, ...) (packet)": lambda: tk.ops.rms_norm(x, w, 1e-6, "hf"),
         "tk.rms_norm(x, w, out=out)": lambda: tk.rms_norm(x, w, 1e-6, out=out),
         "tk.rms_norm(x, w)": lambda: tk.rms_norm(x, w, 1e-6),
     }

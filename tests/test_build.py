@@ -60,7 +60,8 @@ def test_loads_through_get_local_kernel_and_local_kernels(tk, variant_dir):
     assert local is tk, "get_kernel(LOCAL_KERNELS) and get_local_kernel must load the same module"
     meta = json.loads((variant_dir / "metadata.json").read_text())
     assert tk.__name__ == meta["id"]
-    assert hasattr(getattr(torch.ops, meta["id"]), "rms_norm")
+    for op in ("rms_norm", "rms_norm_out"):
+        assert hasattr(getattr(torch.ops, meta["id"]), op)
     assert tk.add_op_namespace_prefix("rms_norm") == f"{meta['id']}::rms_norm"
     assert set(tk.__all__) >= {"rms_norm", "layers", "ops"}
 
@@ -82,12 +83,14 @@ def test_fake_impl_on_meta_and_fake_tensors(tk, rounding, wdtype):
 def test_fake_impl_rejects_bad_out(tk):
     x = torch.empty(3, 64, device="meta", dtype=torch.bfloat16)
     with pytest.raises(Exception, match="out must have the shape of x"):
-        tk.ops.rms_norm(torch.empty(3, 63, device="meta", dtype=torch.bfloat16), x, None, 1e-6, "hf")
+        tk.ops.rms_norm_out(torch.empty(3, 63, device="meta", dtype=torch.bfloat16), x, None, 1e-6, "hf")
 
 
 def test_cpu_tensors_rejected_with_clear_error(tk):
     with pytest.raises(ValueError, match="x must be a CUDA tensor, got a tensor on cpu"):
         tk.rms_norm(torch.randn(2, 64), torch.ones(64))
+    with pytest.raises(ValueError, match="x must be a CUDA tensor, got a tensor on cpu"):
+        tk.rms_norm(torch.randn(2, 64), torch.ones(64), out=torch.empty(2, 64))
 
 
 def test_layers_follow_hub_rules(tk):

@@ -46,15 +46,23 @@ def assert_close_to_float64(out, x, weight, rounding):
     assert worst <= 0, f"rounding={rounding}: max error {err.max().item():.3g} exceeds the bound by {worst:.3g}"
 
 
-def mismatches_within_one_ulp(ours, eager):
-    """Fraction of elements that differ, and whether every difference is at most 1 ulp."""
-    if ours.dtype == torch.float32:
-        torch.testing.assert_close(ours, eager, rtol=2e-6, atol=1e-6)
-        return 0.0
-    ulp = 2.0 ** -(7 if ours.dtype == torch.bfloat16 else 10)
-    diff = (ours.float() - eager.float()).abs()
-    assert bool((diff <= ulp * eager.float().abs() + 1e-30).all()), f"difference above 1 ulp: max {diff.max().item()}"
-    return (diff > 0).float().mean().item()
+# Share of elements allowed to differ from the module's own eager code. They differ only where the
+# fp32 sum of squares, reduced in another order, lands a value on the other side of a rounding
+# boundary, so the share grows with the mantissa bits of the rounding dtype.
+MISMATCH_BUDGET = {torch.float32: 1e-2, torch.float16: 1e-2, torch.bfloat16: 2e-3}
+
+
+def mismatch_vs_eager(ours, eager, x_dtype):
+    """Share of elements that differ from eager; fails if any differs by more than 2 ulp.
+
+    The ulp is that of the coarsest dtype that rounds (x's dtype for the normalized value, the
+    output's for the product): 2 ulp because two roundings can each land on the other side."""
+    coarse = max((x_dtype, ours.dtype), key=lambda d: UNIT_ROUNDOFF[d])
+    rel_ulp = 2 * UNIT_ROUNDOFF[coarse]
+    diff = (ours.double() - eager.double()).abs()
+    bound = 2 * rel_ulp * eager.double().abs() + 1e-30
+    assert bool((diff <= bound).all()), f"difference above 2 ulp of {coarse}: max {diff.max().item()}"
+    return (ours != eager).double().mean().item()
 
 
 @pytest.mark.parametrize("rows,hidden", SHAPES)
@@ -74,9 +82,7 @@ def test_matches_float64_and_eager(tk, rows, hidden, weight_kind, dtype, roundin
     assert_close_to_float64(out, x, weight, rounding)
     eager = RMS_NORM_EAGER[rounding](x, weight, EPS)
     assert out.dtype == eager.dtype, f"output dtype {out.dtype} differs from the module's {eager.dtype}"
-    # Bit-exact except where the fp32 sum of squares, reduced in another order, puts a value
-    # on the other side of a rounding boundary.
-    assert mismatches_within_one_ulp(out, eager) <= 2e-3
+    assert mismatch_vs_eager(out, eager, dtype) <= MISMATCH_BUDGET[dtype]
 
 
 def test_allocates_output(tk):
@@ -114,7 +120,7 @@ def test_strided_inputs_without_copy(tk, dtype, layout):
     out = tk.rms_norm(x, w, EPS)
     assert out.is_contiguous()
     assert_close_to_float64(out, x, w, "hf")
-    assert mismatches_within_one_ulp(out, RMS_NORM_EAGER["hf"](x, w, EPS)) <= 2e-3
+    assert mismatch_vs_eager(out, RMS_NORM_EAGER["hf"](x, w, EPS), dtype) <= MISMATCH_BUDGET[dtype]
 
 
 @pytest.mark.parametrize("hidden", [4096, 129])
@@ -194,12 +200,14 @@ def test_out_aliasing_inputs_raises(tk):
     x = torch.randn(4, 64, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(64, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="out must not share memory with x"):  # in place
-        tk.ops.rms_norm(x, x, w, EPS, "hf")
+        tk.ops.rms_norm_out(x, x, w, EPS, "hf")
     with pytest.raises(ValueError, match="out must not share memory with x"):  # shifted by one element
-        tk.ops.rms_norm(x.view(-1)[1:65].view(1, 64), x[:1], w, EPS, "hf")
+        tk.ops.rms_norm_out(x.view(-1)[1:65].view(1, 64), x[:1], w, EPS, "hf")
     holder = torch.randn(1, 64, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="out must not share memory with weight"):
-        tk.ops.rms_norm(holder, x[:1], holder[0], EPS, "hf")
+        tk.ops.rms_norm_out(holder, x[:1], holder[0], EPS, "hf")
+    interleaved = torch.randn(4, 128, device="cuda", dtype=torch.bfloat16)  # shares a buffer, no element
+    tk.ops.rms_norm_out(interleaved[:, ::2], interleaved[:, 1::2].contiguous(), None, EPS, "hf")
 
 
 def test_opcheck(tk):
@@ -207,9 +215,11 @@ def test_opcheck(tk):
         x = random_input((8, 256), torch.bfloat16)
         w = make_weight("fp32", 256, torch.bfloat16)
         out = torch.empty(x.shape, device="cuda", dtype=tk.norm.rms_norm_out_dtype(x, w, rounding))
-        torch.library.opcheck(tk.ops.rms_norm.default, (out, x, w, EPS, rounding))
-    torch.library.opcheck(tk.ops.rms_norm.default, (torch.empty(3, 7, device="cuda"), random_input((3, 7), torch.float32),
-                                                    None, EPS, "hf"))
+        torch.library.opcheck(tk.ops.rms_norm_out.default, (out, x, w, EPS, rounding))
+        torch.library.opcheck(tk.ops.rms_norm.default, (x, w, EPS, rounding))
+    x32 = random_input((3, 7), torch.float32)
+    torch.library.opcheck(tk.ops.rms_norm_out.default, (torch.empty(3, 7, device="cuda"), x32, None, EPS, "hf"))
+    torch.library.opcheck(tk.ops.rms_norm.default, (x32, None, EPS, "torch"))
 
 
 def test_torch_compile_fullgraph(tk):

@@ -9,8 +9,11 @@
 
 namespace transformer_kernels {
 
+// returns out: [..., hidden] (contiguous)  x: [..., hidden]  weight: [hidden] or None
+torch::Tensor rms_norm(const torch::Tensor& x, const std::optional<torch::Tensor>& weight, double eps,
+                       std::string_view rounding);
 // out: [..., hidden]  x: [..., hidden]  weight: [hidden] or None
-void rms_norm(torch::Tensor& out, const torch::Tensor& x, const std::optional<torch::Tensor>& weight, double eps,
-              std::string_view rounding);
+void rms_norm_out(torch::Tensor& out, const torch::Tensor& x, const std::optional<torch::Tensor>& weight, double eps,
+                  std::string_view rounding);
 
 }  // namespace transformer_kernels

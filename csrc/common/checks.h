@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <utility>
 
 #include "common/rows.cuh"
 
@@ -60,11 +61,30 @@ inline void check_writable_output(const char* op, const at::Tensor& out, const c
                     " must not have overlapping elements (an expanded or broadcast view), got strides ", out.strides());
 }
 
+namespace detail {
+// Lowest and one-past-highest byte address the elements of a non-empty tensor occupy.
+inline std::pair<uintptr_t, uintptr_t> byte_span(const at::Tensor& t) {
+  int64_t lo = 0, hi = 0;  // element offsets from data_ptr
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    const int64_t extent = (t.size(d) - 1) * t.stride(d);
+    (extent < 0 ? lo : hi) += extent;
+  }
+  const auto base = reinterpret_cast<uintptr_t>(t.const_data_ptr());
+  const auto item = static_cast<int64_t>(t.element_size());
+  return {base + lo * item, base + (hi + 1) * item};
+}
+}  // namespace detail
+
 inline void check_no_overlap(const char* op, const at::Tensor& out, const char* out_name, const at::Tensor& in,
                              const char* in_name) {
   if (!in.defined() || out.numel() == 0 || in.numel() == 0) return;
-  TORCH_CHECK_VALUE(at::get_overlap_status(out, in) == at::MemOverlapStatus::No, op, ": ", out_name,
-                    " must not share memory with ", in_name);
+  at::MemOverlapStatus status = at::get_overlap_status(out, in);
+  if (status == at::MemOverlapStatus::TooHard) {  // strided views: fall back to the address ranges
+    const auto a = detail::byte_span(out);
+    const auto b = detail::byte_span(in);
+    status = (a.first < b.second && b.first < a.second) ? at::MemOverlapStatus::Partial : at::MemOverlapStatus::No;
+  }
+  TORCH_CHECK_VALUE(status == at::MemOverlapStatus::No, op, ": ", out_name, " must not share memory with ", in_name);
 }
 
 inline void check_eps(const char* op, double eps) {

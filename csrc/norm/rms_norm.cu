@@ -1,5 +1,6 @@
 // Torch entry point of RMSNorm: validates the arguments, picks the dtypes and calls the
 // torch-free launcher in rms_norm.cuh on the current stream of x's device.
+#include <ATen/ops/empty.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
@@ -47,10 +48,9 @@ void run(at::Tensor& out, const at::Tensor& x, const std::optional<at::Tensor>& 
   TORCH_CHECK(err == cudaSuccess, kOp, ": kernel launch failed: ", cudaGetErrorString(err));
 }
 
-}  // namespace
-
-void rms_norm(at::Tensor& out, const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps,
-              std::string_view rounding) {
+// Validates x, weight, eps and rounding; returns what the rounding asks of the kernel.
+RmsNormRounding check_inputs(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps,
+                             std::string_view rounding) {
   check_cuda(kOp, x, "x");
   check_float_dtype(kOp, x, "x");
   check_last_dim_contiguous(kOp, x, "x");
@@ -65,8 +65,12 @@ void rms_norm(at::Tensor& out, const at::Tensor& x, const std::optional<at::Tens
                      weight->scalar_type());
   }
   check_eps(kOp, eps);
-  const RmsNormRounding r = resolve_rounding(rounding, x, weight);
+  check_row_count(kOp, num_rows(x), "x");
+  return resolve_rounding(rounding, x, weight);
+}
 
+void check_out(const at::Tensor& out, const at::Tensor& x, const std::optional<at::Tensor>& weight,
+               const RmsNormRounding& r) {
   check_same_device(kOp, out, "out", x, "x");
   check_same_shape(kOp, out, "out", x, "x");
   check_dtype(kOp, out, "out", r.out_dtype, "the output dtype of the chosen rounding");
@@ -74,8 +78,10 @@ void rms_norm(at::Tensor& out, const at::Tensor& x, const std::optional<at::Tens
   check_writable_output(kOp, out, "out");
   check_no_overlap(kOp, out, "out", x, "x");
   if (weight) check_no_overlap(kOp, out, "out", *weight, "weight");
-  check_row_count(kOp, num_rows(x), "x");
+}
 
+void launch(at::Tensor& out, const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps,
+            const RmsNormRounding& r) {
   const at::cuda::OptionalCUDAGuard device_guard(x.device());
   const bool weight_f32 = weight && weight->scalar_type() == at::kFloat;
   const bool out_f32 = out.scalar_type() == at::kFloat;
@@ -91,6 +97,23 @@ void rms_norm(at::Tensor& out, const at::Tensor& x, const std::optional<at::Tens
       run<in_t, float, in_t>(out, x, weight, eps, r.round_normalized);
     }
   });
+}
+
+}  // namespace
+
+at::Tensor rms_norm(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps,
+                    std::string_view rounding) {
+  const RmsNormRounding r = check_inputs(x, weight, eps, rounding);
+  at::Tensor out = at::empty(x.sizes(), x.options().dtype(r.out_dtype));
+  launch(out, x, weight, eps, r);
+  return out;
+}
+
+void rms_norm_out(at::Tensor& out, const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps,
+                  std::string_view rounding) {
+  const RmsNormRounding r = check_inputs(x, weight, eps, rounding);
+  check_out(out, x, weight, r);
+  launch(out, x, weight, eps, r);
 }
 
 }  // namespace transformer_kernels

@@ -60,21 +60,32 @@ def rms_norm(
     torch.Tensor
         ``out``.
     """
-    if out is None:
-        out = torch.empty(x.shape, dtype=rms_norm_out_dtype(x, weight, rounding), device=x.device)
-    _rms_norm_op(out, x, weight, eps, rounding)
+    if out is None:  # allocated in C++: a Python-side torch.empty costs as much as the kernel launch
+        return _rms_norm(x, weight, eps, rounding)
+    _rms_norm_out(out, x, weight, eps, rounding)
     return out
 
 
-# The resolved overload skips the packet's per-call overload lookup (decode calls are host-bound).
-_rms_norm_op = ops.rms_norm.default
+# Resolved overloads skip the packet's per-call overload lookup (decode calls are host-bound).
+_rms_norm = ops.rms_norm.default
+_rms_norm_out = ops.rms_norm_out.default
+
+
+def _check_rounding(rounding: str) -> None:
+    torch._check(rounding in ROUNDINGS, lambda: f"rms_norm: rounding must be one of {ROUNDINGS}, got {rounding!r}")
 
 
 @torch.library.register_fake(add_op_namespace_prefix("rms_norm"))
-def _rms_norm_fake(out: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor], eps: float,
-                   rounding: str) -> None:
-    torch._check(rounding in ROUNDINGS, lambda: f"rms_norm: rounding must be one of {ROUNDINGS}, got {rounding!r}")
-    torch._check(out.shape == x.shape, lambda: f"rms_norm: out must have the shape of x {tuple(x.shape)}, got {tuple(out.shape)}")
-    torch._check(out.dtype == rms_norm_out_dtype(x, weight, rounding),
-                 lambda: f"rms_norm: out must have dtype {rms_norm_out_dtype(x, weight, rounding)}, got {out.dtype}")
-    return None
+def _rms_norm_fake(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, rounding: str) -> torch.Tensor:
+    _check_rounding(rounding)
+    return x.new_empty(x.shape, dtype=rms_norm_out_dtype(x, weight, rounding))
+
+
+@torch.library.register_fake(add_op_namespace_prefix("rms_norm_out"))
+def _rms_norm_out_fake(out: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor], eps: float,
+                       rounding: str) -> None:
+    _check_rounding(rounding)
+    torch._check(out.shape == x.shape,
+                 lambda: f"rms_norm: out must have the shape of x {tuple(x.shape)}, got {tuple(out.shape)}")
+    expected = rms_norm_out_dtype(x, weight, rounding)
+    torch._check(out.dtype == expected, lambda: f"rms_norm: out must have dtype {expected}, got {out.dtype}")
