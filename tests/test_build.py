@@ -109,6 +109,18 @@ def test_python_abi3_compliance(variant_dir):
     assert obj.check_python_abi("3.9") == [], "the extension uses CPython symbols outside the 3.9 limited API"
 
 
+def test_no_private_copy_of_the_cxx_runtime(variant_dir):
+    """libstdc++ must come from the system (as torch's does): a statically linked copy has its own
+    uninitialized locale and crashes on the first formatted error message."""
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("no nm (binutils) on PATH")
+    so = next(variant_dir.glob("*.abi3.so"))
+    symbols = subprocess.run([nm, "-D", "--defined-only", str(so)], capture_output=True, text=True, check=True).stdout
+    private = [line.split()[-1] for line in symbols.splitlines() if re.search(r"\b_ZNSo9_M_insert|\b_ZNSt6locale", line)]
+    assert not private, f"{so.name} defines libstdc++ internals: {private[:5]}"
+
+
 def test_manylinux_report(variant_dir, capsys):
     """Report only: manylinux_2_28 is guaranteed by kernel-builder's Nix toolchain, not by this build."""
     from kernel_abi_check import ObjectFile

@@ -264,14 +264,21 @@ def build(archs_spec: str = "all", jobs: int | None = None, root: Path = ROOT, v
     }))
     write_if_changed(gen / "registration.h", render("registration.h.in", {}))
 
-    env = dict(os.environ, TORCH_CUDA_ARCH_LIST=";".join(archs), CUDACXX=nvcc)
+    # The system g++ (or TK_CXX), not $CXX: a toolchain that links its own libstdc++ statically
+    # (as /opt/gcc does on our GPU machine) puts a second, uninitialized copy of the C++ runtime
+    # in the module, and the first error message that formats a number crashes the process.
+    cxx = os.environ.get("TK_CXX") or shutil.which("g++", path="/usr/bin") or shutil.which("g++")
+    if cxx is None:
+        raise SystemExit("no g++ found; install the system C++ compiler or set TK_CXX")
+    env = dict(os.environ, TORCH_CUDA_ARCH_LIST=";".join(archs), CUDACXX=nvcc, CXX=cxx)
     cmake = shutil.which("cmake", path=str(Path(sys.executable).parent)) or shutil.which("cmake")
     obj = gen / "cmake"
     run = (lambda cmd: subprocess.run(cmd, check=True, env=env)) if verbose else (
         lambda cmd: _run_quiet(cmd, env))
     if not (obj / "build.ninja").exists() or (obj / "CMakeCache.txt").stat().st_mtime < (gen / "CMakeLists.txt").stat().st_mtime:
         run([cmake, "-S", str(gen), "-B", str(obj), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
-             f"-DPython3_EXECUTABLE={sys.executable}", f"-DCMAKE_CUDA_COMPILER={nvcc}"])
+             f"-DPython3_EXECUTABLE={sys.executable}", f"-DCMAKE_CUDA_COMPILER={nvcc}",
+             f"-DCMAKE_CXX_COMPILER={cxx}", f"-DCMAKE_CUDA_HOST_COMPILER={cxx}"])
     run([cmake, "--build", str(obj), "--", f"-j{jobs}"])
 
     # Install the flat variant directory: extension, package sources, _ops.py, metadata.json.
