@@ -117,7 +117,7 @@ def test_no_private_copy_of_the_cxx_runtime(variant_dir):
         pytest.skip("no nm (binutils) on PATH")
     so = next(variant_dir.glob("*.abi3.so"))
     symbols = subprocess.run([nm, "-D", "--defined-only", str(so)], capture_output=True, text=True, check=True).stdout
-    private = [line.split()[-1] for line in symbols.splitlines() if re.search(r"\b_ZNSo9_M_insert|\b_ZNSt6locale", line)]
+    private = [line for line in symbols.splitlines() if re.search(r"\b_ZNSo9_M_insert|\b_ZNSt6locale", line)]
     assert not private, f"{so.name} defines libstdc++ internals: {private[:5]}"
 
 

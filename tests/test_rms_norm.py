@@ -46,22 +46,29 @@ def assert_close_to_float64(out, x, weight, rounding):
     assert worst <= 0, f"rounding={rounding}: max error {err.max().item():.3g} exceeds the bound by {worst:.3g}"
 
 
-# Share of elements allowed to differ from the module's own eager code. They differ only where the
-# fp32 sum of squares, reduced in another order, lands a value on the other side of a rounding
-# boundary, so the share grows with the mantissa bits of the rounding dtype.
-MISMATCH_BUDGET = {torch.float32: 1e-2, torch.float16: 1e-2, torch.bfloat16: 2e-3}
+# Share of elements of a half-precision output allowed to differ from the module's own eager code.
+# They differ only where the fp32 sum of squares, reduced in another order, puts a value on the
+# other side of a rounding boundary: the share grows with the mantissa bits of the output dtype.
+# (An fp32 output differs in the last bits almost everywhere; only its ulp bound is checked.)
+MISMATCH_BUDGET = {torch.float16: 1e-2, torch.bfloat16: 2e-3}
+FP32_REL_TOL = 4e-6  # rsqrtf's error plus a different summation order, relative
 
 
-def mismatch_vs_eager(ours, eager, x_dtype):
-    """Share of elements that differ from eager; fails if any differs by more than 2 ulp.
+def mid_rounding_dtype(rounding, x, weight):
+    """The dtype the normalized value is rounded to before the weight multiply, or None."""
+    if rounding == "hf" or (rounding == "diffusers" and (weight is None or weight.dtype == x.dtype)):
+        return x.dtype
+    return None
 
-    The ulp is that of the coarsest dtype that rounds (x's dtype for the normalized value, the
-    output's for the product): 2 ulp because two roundings can each land on the other side."""
-    coarse = max((x_dtype, ours.dtype), key=lambda d: UNIT_ROUNDOFF[d])
-    rel_ulp = 2 * UNIT_ROUNDOFF[coarse]
+
+def mismatch_vs_eager(ours, eager, mid_dtype):
+    """Share of elements that differ from eager; fails if any differs by more than 2 ulp of the
+    coarsest dtype that rounds (two roundings can each land on the other side)."""
+    coarse = max([d for d in (mid_dtype, ours.dtype) if d is not None], key=lambda d: UNIT_ROUNDOFF[d])
+    rel_bound = 4 * UNIT_ROUNDOFF[coarse] + FP32_REL_TOL
     diff = (ours.double() - eager.double()).abs()
-    bound = 2 * rel_ulp * eager.double().abs() + 1e-30
-    assert bool((diff <= bound).all()), f"difference above 2 ulp of {coarse}: max {diff.max().item()}"
+    worst = (diff - rel_bound * eager.double().abs()).max().item() if diff.numel() else 0.0
+    assert worst <= 1e-30, f"difference above 2 ulp of {coarse}: max {diff.max().item()}"
     return (ours != eager).double().mean().item()
 
 
@@ -82,7 +89,8 @@ def test_matches_float64_and_eager(tk, rows, hidden, weight_kind, dtype, roundin
     assert_close_to_float64(out, x, weight, rounding)
     eager = RMS_NORM_EAGER[rounding](x, weight, EPS)
     assert out.dtype == eager.dtype, f"output dtype {out.dtype} differs from the module's {eager.dtype}"
-    assert mismatch_vs_eager(out, eager, dtype) <= MISMATCH_BUDGET[dtype]
+    mismatch = mismatch_vs_eager(out, eager, mid_rounding_dtype(rounding, x, weight))
+    assert mismatch <= MISMATCH_BUDGET.get(out.dtype, 1.0)
 
 
 def test_allocates_output(tk):
@@ -120,7 +128,8 @@ def test_strided_inputs_without_copy(tk, dtype, layout):
     out = tk.rms_norm(x, w, EPS)
     assert out.is_contiguous()
     assert_close_to_float64(out, x, w, "hf")
-    assert mismatch_vs_eager(out, RMS_NORM_EAGER["hf"](x, w, EPS), dtype) <= MISMATCH_BUDGET[dtype]
+    mismatch = mismatch_vs_eager(out, RMS_NORM_EAGER["hf"](x, w, EPS), dtype)
+    assert mismatch <= MISMATCH_BUDGET.get(out.dtype, 1.0)
 
 
 @pytest.mark.parametrize("hidden", [4096, 129])

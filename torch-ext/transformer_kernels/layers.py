@@ -15,8 +15,9 @@ class RMSNorm(torch.nn.Module):
 
     The host module's type picks the rounding, so the output matches the module being replaced:
     ``variance_epsilon`` (transformers) -> ``"hf"``; ``torch.nn.RMSNorm`` -> ``"torch"`` (its
-    ``eps=None`` means ``torch.finfo(x.dtype).eps``); otherwise diffusers (``eps``, optional
-    ``weight`` and ``bias``) -> ``"diffusers"``.
+    ``eps=None`` is the epsilon of the fp32 compute type, as ATen's ``rms_norm`` uses, not of
+    the input dtype its docs name); otherwise diffusers (``eps``, optional ``weight`` and
+    ``bias``) -> ``"diffusers"``.
 
     Shapes:
         - hidden_states: ``[..., hidden]``
@@ -32,7 +33,7 @@ class RMSNorm(torch.nn.Module):
         if hasattr(self, "variance_epsilon"):
             return rms_norm(hidden_states, weight, self.variance_epsilon, rounding="hf")
         if isinstance(self, torch.nn.RMSNorm):
-            eps = self.eps if self.eps is not None else torch.finfo(hidden_states.dtype).eps
+            eps = self.eps if self.eps is not None else torch.finfo(torch.float32).eps
             return rms_norm(hidden_states, weight, eps, rounding="torch")
         out = rms_norm(hidden_states, weight, self.eps, rounding="diffusers")
         bias = getattr(self, "bias", None)
