@@ -264,13 +264,17 @@ def build(archs_spec: str = "all", jobs: int | None = None, root: Path = ROOT, v
     }))
     write_if_changed(gen / "registration.h", render("registration.h.in", {}))
 
-    # The system g++ (or TK_CXX), not $CXX: a toolchain that links its own libstdc++ statically
-    # (as /opt/gcc does on our GPU machine) puts a second, uninitialized copy of the C++ runtime
-    # in the module, and the first error message that formats a number crashes the process.
+    # The system g++ (or TK_CXX), not $CXX, and no other toolchain on PATH or LIBRARY_PATH: on our
+    # GPU machine $CXX and PATH name /opt/gcc, whose library directories (which CMake takes from
+    # the CUDA compiler's host toolchain) hold only a static libstdc++. Linked in, that private
+    # copy of the C++ runtime has an uninitialized locale and the first error message that formats
+    # a number crashes the process. tests/test_build.py checks the .so for such a copy.
     cxx = os.environ.get("TK_CXX") or shutil.which("g++", path="/usr/bin") or shutil.which("g++")
     if cxx is None:
         raise SystemExit("no g++ found; install the system C++ compiler or set TK_CXX")
-    env = dict(os.environ, TORCH_CUDA_ARCH_LIST=";".join(archs), CUDACXX=nvcc, CXX=cxx)
+    env = {k: v for k, v in os.environ.items() if k not in ("LIBRARY_PATH", "CC", "CXX", "CUDAHOSTCXX")}
+    env.update(TORCH_CUDA_ARCH_LIST=";".join(archs), CUDACXX=nvcc, CXX=cxx, CUDAHOSTCXX=cxx,
+               PATH=os.pathsep.join([str(Path(cxx).parent), str(Path(nvcc).parent), env.get("PATH", "")]))
     cmake = shutil.which("cmake", path=str(Path(sys.executable).parent)) or shutil.which("cmake")
     obj = gen / "cmake"
     run = (lambda cmd: subprocess.run(cmd, check=True, env=env)) if verbose else (
