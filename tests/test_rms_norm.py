@@ -215,8 +215,6 @@ def test_out_aliasing_inputs_raises(tk):
     holder = torch.randn(1, 64, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="out must not share memory with weight"):
         tk.ops.rms_norm_out(holder, x[:1], holder[0], EPS, "hf")
-    interleaved = torch.randn(4, 128, device="cuda", dtype=torch.bfloat16)  # shares a buffer, no element
-    tk.ops.rms_norm_out(interleaved[:, ::2], interleaved[:, 1::2].contiguous(), None, EPS, "hf")
 
 
 def test_opcheck(tk):
