@@ -1,0 +1,127 @@
+"""The seed's Hub build rules, checked on the sources (no build or GPU needed)."""
+
+import ast
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from integrations.loading import ROOT
+from tools.build_kernel import BuildConfigError, load_config
+
+PACKAGE = ROOT / "torch-ext" / "transformer_kernels"
+SOURCE_SUFFIXES = {".cpp", ".cc", ".cu", ".cuh", ".h", ".hpp", ".py"}
+# Patterns the Hub build rejects, with the reason.
+FORBIDDEN = {
+    r"#\s*include\s*<pybind11": "pybind11 cannot build against the Python limited API",
+    r"PYBIND11_MODULE": "pybind11 cannot build against the Python limited API",
+    r"#\s*include\s*<torch/extension\.h>": "torch/extension.h pulls in pybind11",
+    r"\bTORCH_LIBRARY(_FRAGMENT|_IMPL)?\(": "the op namespace is only known at build time: use TORCH_LIBRARY_EXPAND",
+    r"\bPyInit_": "REGISTER_EXTENSION generates the module init",
+    r"\bcpp_extension\b|\bCUDAExtension\b|\bBuildExtension\b|\bload_inline\b": "kernel-builder owns the build",
+}
+
+
+def tracked_files() -> list[Path]:
+    if shutil.which("git") and (ROOT / ".git").exists():
+        out = subprocess.run(["git", "-C", str(ROOT), "ls-files"], capture_output=True, text=True, check=True).stdout
+        return [ROOT / line for line in out.splitlines() if (ROOT / line).is_file()]
+    ignored = {".venv", "build", "_build", ".git", ".whl"}
+    return [p for p in ROOT.rglob("*") if p.is_file() and not ignored & set(p.relative_to(ROOT).parts)]
+
+
+def sources() -> list[Path]:
+    return [p for p in tracked_files() if p.suffix in SOURCE_SUFFIXES and "templates" not in p.parts]
+
+
+@pytest.mark.parametrize("pattern", sorted(FORBIDDEN))
+def test_no_forbidden_binding_patterns(pattern):
+    this_file = Path(__file__).resolve()
+    hits = [f"{p.relative_to(ROOT)}:{n}" for p in sources() if p.resolve() != this_file
+            for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1) if re.search(pattern, line)]
+    assert not hits, f"{FORBIDDEN[pattern]}: {hits}"
+
+
+def test_binding_uses_expand_macros_once():
+    text = (ROOT / "torch-ext" / "torch_binding.cpp").read_text()
+    assert text.count("TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops)") == 1
+    assert text.count("REGISTER_EXTENSION(TORCH_EXTENSION_NAME)") == 1
+    assert '#include "registration.h"' in text
+
+
+def test_no_setup_py_or_cpp_extension_pyproject():
+    assert not (ROOT / "setup.py").exists(), "only kernel-builder may generate a setup.py"
+    pyproject = ROOT / "pyproject.toml"
+    assert not pyproject.exists() or "cpp_extension" not in pyproject.read_text()
+
+
+def test_generated_files_not_committed():
+    tracked = {p.relative_to(ROOT).as_posix() for p in tracked_files()}
+    generated = {"torch-ext/registration.h", "torch-ext/transformer_kernels/_ops.py", "metadata.json"}
+    assert not tracked & generated
+    assert not any(t.startswith(("build/", "_build/")) for t in tracked)
+
+
+def package_modules() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+@pytest.mark.parametrize("module", package_modules(), ids=lambda p: p.name)
+def test_package_imports_relative_stdlib_or_torch(module):
+    allowed = set(sys.stdlib_module_names) | {"torch"}
+    tree = ast.parse(module.read_text())
+    bad = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            bad += [a.name for a in node.names if a.name.split(".")[0] not in allowed]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            if node.module.split(".")[0] not in allowed:
+                bad.append(node.module)
+    assert not bad, f"{module.name}: imports outside the standard library and torch (use relative imports): {bad}"
+
+
+@pytest.mark.parametrize("module", package_modules(), ids=lambda p: p.name)
+def test_package_is_python39_syntax(module):
+    ast.parse(module.read_text(), feature_version=(3, 9))
+
+
+@pytest.mark.parametrize("module", package_modules(), ids=lambda p: p.name)
+def test_package_names_ops_through_generated_namespace(module):
+    text = module.read_text()
+    assert not re.search(r"torch\.ops\.\w+\.", text), "hard-coded torch.ops.<namespace>: use `from ._ops import ops`"
+    # kernel-builder's torch-ops-check: torch.library registrations name ops via add_op_namespace_prefix
+    for m in re.finditer(r"torch\.library\.(register_fake|custom_op|register_kernel|register_autograd)\(([^,)]*)", text):
+        assert m.group(2).strip().startswith("add_op_namespace_prefix("), m.group(0)
+
+
+def test_build_toml_is_valid_edition5():
+    cfg = load_config(ROOT)
+    assert cfg.name == "transformer-kernels" and cfg.python_name == PACKAGE.name
+    assert cfg.version == 1 and cfg.license == "Apache-2.0" and cfg.repo_id
+    assert all(k["backend"] == "cuda" and "torch" in k["depends"] for k in cfg.kernels.values())
+    assert all("cuda-capabilities" not in k for k in cfg.kernels.values()), "do not over-constrain capabilities"
+
+
+BROKEN_BUILD_TOMLS = {
+    "underscore_name": ('name = "transformer-kernels"', 'name = "transformer_kernels"'),
+    "no_license": ('license = "Apache-2.0"\n', ""),
+    "edition_4": ("edition = 5", "edition = 4"),
+    "unknown_key": ('backends = ["cuda"]', 'backends = ["cuda"]\ncolour = "blue"'),
+    "no_torch_section": ("[torch]", "[torch-noarch]"),
+    "missing_source": ('"csrc/norm/rms_norm.cu"', '"csrc/norm/missing.cu"'),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN_BUILD_TOMLS))
+def test_build_toml_rules_reject(case, tmp_path):
+    old, new = BROKEN_BUILD_TOMLS[case]
+    text = (ROOT / "build.toml").read_text()
+    assert old in text
+    (tmp_path / "build.toml").write_text(text.replace(old, new, 1))
+    for rel in ("torch-ext", "csrc"):
+        shutil.copytree(ROOT / rel, tmp_path / rel)
+    with pytest.raises(BuildConfigError):
+        load_config(tmp_path)
