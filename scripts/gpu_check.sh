@@ -4,7 +4,8 @@
 #
 #   scripts/gpu_check.sh [RESULTS_DIR]      (default: benchmarks/results)
 #
-# On a machine without network, Python wheels placed in .whl/ are installed first (see README).
+# On a machine without network, the wheels that scripts/fetch_gpu_wheels.sh put in .whl/ are
+# installed first (kernels, kernel-abi-check, liger-kernel).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RESULTS_DIR="${1:-benchmarks/results}"

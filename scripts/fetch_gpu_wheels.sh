@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Downloads into .whl/ the wheels the GPU machine lacks (it has no network); pass `.whl` in the
+# device call's carry list and scripts/gpu_check.sh installs them. Run on a machine with PyPI.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
+python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+  -d .whl kernels==0.17.2 kernel-abi-check==0.14.1
+python3 -m pip download --quiet --no-deps -d .whl liger-kernel==0.8.5
+ls .whl
