@@ -22,7 +22,13 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.harness import Case, Report, copy_gbps, environment  # noqa: E402
 from integrations.loading import load_kernel, use_local_build  # noqa: E402
-from reference.norms import hf_rms_norm  # noqa: E402
+from reference.norms import (  # noqa: E402
+    diffusers_norm_modulate,
+    hf_fused_add_rms_norm,
+    hf_rms_norm,
+    ltx_gated_add_norm_modulate,
+    torch_layer_norm,
+)
 
 DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
@@ -39,6 +45,15 @@ RMS_NORM_SHAPES = [
 ]
 RMS_NORM_QUICK = {(1, 4096), (16384, 4096), (65536, 128)}
 EXTRA_DTYPES_SHAPE = (16384, 4096)  # fp16 and fp32 are timed on this shape too
+
+
+def compiled(fn: Callable) -> Callable:
+    """torch.compile of the eager code, specialized to the case's shapes (dynamic=False)."""
+    return torch.compile(fn, dynamic=False)
+
+
+def nbytes(*tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
 
 def eager_llama_rms_norm(hidden: int, dtype: torch.dtype, eps: float) -> tuple[str, Callable]:
@@ -65,12 +80,12 @@ def rms_norm_case(tk, rows: int, hidden: int, dtype: torch.dtype, note: str) -> 
     x = torch.randn(rows, hidden, device="cuda", dtype=dtype)
     w = (torch.rand(hidden, device="cuda") + 0.5).to(dtype)
     _, eager = eager_llama_rms_norm(hidden, dtype, eps)
-    compiled = torch.compile(lambda x, w: hf_rms_norm(x, w, eps), dynamic=False)
+    compiled_eager = compiled(lambda x, w: hf_rms_norm(x, w, eps))
     impls = {
         "ours": lambda: tk.rms_norm(x, w, eps),
         "eager": lambda: eager(x, w),
         "native": lambda: F.rms_norm(x, (hidden,), w, eps),
-        "compile": lambda: compiled(x, w),
+        "compile": lambda: compiled_eager(x, w),
     }
     liger = liger_rms_norm()
     if liger is not None:
@@ -86,7 +101,86 @@ def rms_norm_cases(tk, quick: bool) -> Iterator[Case]:
         yield rms_norm_case(tk, rows, hidden, dtype, note)
 
 
-OPS = {"rms_norm": rms_norm_cases}
+def liger_fn(module: str, name: str) -> Callable | None:
+    try:
+        return getattr(__import__(f"liger_kernel.ops.{module}", fromlist=[name]), name).apply
+    except (ImportError, AttributeError):
+        return None
+
+
+# (rows, hidden, where the shape comes from)
+FUSED_ADD_SHAPES = [(4, 4096, "Llama-3.1-8B decode, batch 4"), (2048, 4096, "Llama-3.1-8B prefill 2048"),
+                    (16384, 4096, "Llama-3.1-8B prefill 4x4096"), (8192, 3584, "Qwen2.5-7B prefill 8192")]
+LAYER_NORM_SHAPES = [(8192, 4096, "baseline shape"), (16128, 2048, "LTX-Video 2B norm_out, 2x8064 tokens"),
+                     (8192, 3072, "Flux double block, 2x4096 tokens")]
+# (batch, tokens, hidden, where the shape comes from)
+MODULATE_SHAPES = [(2, 8064, 2048, "LTX-Video 2B, 49 frames 512x768, CFG batch 2"),
+                   (2, 7392, 4096, "LTX-Video 13B, 161 frames 512x704, CFG batch 2"),
+                   (1, 4608, 3072, "Flux 1024x1024 (4096 image + 512 text tokens)")]
+
+
+def fused_add_rms_norm_cases(tk, quick: bool) -> Iterator[Case]:
+    eps = 1e-6
+    liger = liger_fn("fused_add_rms_norm", "LigerFusedAddRMSNormFunction")
+    for rows, hidden, note in FUSED_ADD_SHAPES[1:3] if quick else FUSED_ADD_SHAPES:
+        x = torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16)
+        r = torch.randn_like(x)
+        w = (torch.rand(hidden, device="cuda") + 0.5).to(torch.bfloat16)
+        compiled_eager = compiled(lambda x, r, w: hf_fused_add_rms_norm(x, r, w, eps))
+        impls = {
+            "ours": lambda: tk.fused_add_rms_norm(x, r, w, eps),
+            "eager": lambda: hf_fused_add_rms_norm(x, r, w, eps),
+            "compile": lambda: compiled_eager(x, r, w),
+        }
+        if liger is not None:
+            impls["liger"] = lambda: liger(x, r, w, eps)
+        yield Case("fused_add_rms_norm", f"{rows}x{hidden}", "bfloat16", 4 * nbytes(x) + nbytes(w), impls,
+                   latency=rows <= 4, note=note)
+
+
+def layer_norm_cases(tk, quick: bool) -> Iterator[Case]:
+    eps = 1e-6
+    liger = liger_fn("layer_norm", "LigerLayerNormFunction")
+    for rows, hidden, note in LAYER_NORM_SHAPES[:1] if quick else LAYER_NORM_SHAPES:
+        x = torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16)
+        w = (torch.rand(hidden, device="cuda") + 0.5).to(torch.bfloat16)
+        b = (torch.rand(hidden, device="cuda") - 0.5).to(torch.bfloat16)
+        compiled_eager = compiled(lambda x, w, b: torch_layer_norm(x, w, b, eps))
+        impls = {
+            "ours": lambda: tk.layer_norm(x, w, b, eps),
+            "native": lambda: torch_layer_norm(x, w, b, eps),
+            "compile": lambda: compiled_eager(x, w, b),
+        }
+        if liger is not None:
+            impls["liger"] = lambda: liger(x, w, b, eps)
+        yield Case("layer_norm", f"{rows}x{hidden}", "bfloat16", 2 * nbytes(x) + nbytes(w, b), impls, note=note)
+
+
+def modulate_cases(tk, quick: bool) -> Iterator[Case]:
+    eps = 1e-6
+    for B, S, D, note in MODULATE_SHAPES[:1] if quick else MODULATE_SHAPES:
+        norm = "layer" if "Flux" in note else "rms"
+        x = torch.randn(B, S, D, device="cuda", dtype=torch.bfloat16)
+        y = torch.randn_like(x)
+        scale, shift, gate = (torch.randn(B, 1, D, device="cuda", dtype=torch.bfloat16) * 0.3 for _ in range(3))
+        compiled_mod = compiled(lambda x, s, sh: diffusers_norm_modulate(x, s, sh, norm, eps=eps))
+        yield Case(f"norm_modulate ({norm})", f"{B}x{S}x{D}", "bfloat16", 2 * nbytes(x) + nbytes(scale, shift), {
+            "ours": lambda: tk.norm_modulate(x, scale, shift, norm=norm, eps=eps),
+            "eager": lambda: diffusers_norm_modulate(x, scale, shift, norm, eps=eps),
+            "compile": lambda: compiled_mod(x, scale, shift),
+        }, note=note)
+        compiled_gated = compiled(lambda x, y, g, s, sh: ltx_gated_add_norm_modulate(x, y, g, s, sh, norm, eps=eps))
+        yield Case(f"gated_add_norm_modulate ({norm})", f"{B}x{S}x{D}", "bfloat16",
+                   4 * nbytes(x) + nbytes(scale, shift, gate), {
+            "ours": lambda: tk.gated_add_norm_modulate(x, y, gate, scale, shift, norm=norm, eps=eps),
+            "eager": lambda: ltx_gated_add_norm_modulate(x, y, gate, scale, shift, norm, eps=eps),
+            "compile": lambda: compiled_gated(x, y, gate, scale, shift),
+        }, note=note)
+
+
+OPS = {"rms_norm": rms_norm_cases, "fused_add_rms_norm": fused_add_rms_norm_cases, "layer_norm": layer_norm_cases,
+       "modulate": modulate_cases}
+
 
 
 def main() -> None:
@@ -100,6 +194,10 @@ def main() -> None:
 
     use_local_build()
     tk = load_kernel()
+    # Every case compiles its own specialized graph; the default limit would silently fall back to
+    # eager after 8 shapes of one function.
+    torch._dynamo.config.recompile_limit = 1024
+    torch._dynamo.config.accumulated_recompile_limit = 4096
     report = Report(environment(), copy_gbps())
     print(f"{report.env['gpu']}: device-to-device copy {report.copy_gbps:.0f} GB/s")
     for op in args.ops:

@@ -43,3 +43,46 @@ def torch_rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float) 
 
 # rounding mode of transformer_kernels.rms_norm -> the eager code it reproduces
 RMS_NORM_EAGER = {"hf": hf_rms_norm, "diffusers": diffusers_rms_norm, "torch": torch_rms_norm}
+
+
+def float64_norm(x: torch.Tensor, norm: str, weight=None, bias=None, eps: float = 1e-6) -> torch.Tensor:
+    """RMSNorm or LayerNorm (biased variance) with optional affine, all in float64."""
+    x64 = x.double()
+    if norm == "rms":
+        y = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps)
+    else:
+        mean = x64.mean(-1, keepdim=True)
+        y = (x64 - mean) * torch.rsqrt((x64 - mean).pow(2).mean(-1, keepdim=True) + eps)
+    if weight is not None:
+        y = y * weight.double()
+    if bias is not None:
+        y = y + bias.double()
+    return y
+
+
+def torch_layer_norm(x, weight=None, bias=None, eps: float = 1e-5) -> torch.Tensor:
+    """``torch.nn.LayerNorm`` / ``F.layer_norm`` (diffusers' ``LayerNorm`` is the same class)."""
+    return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+
+
+def hf_fused_add_rms_norm(x, residual, weight, eps, rounding: str = "hf"):
+    """A transformers decoder layer's ``hidden_states = residual + hidden_states`` then the next norm."""
+    h = residual + x
+    return RMS_NORM_EAGER[rounding](h, weight, eps), h
+
+
+def diffusers_norm_modulate(x, scale, shift=None, norm: str = "rms", weight=None, bias=None, eps: float = 1e-6):
+    """The AdaLN of diffusers' DiT blocks: ``norm(x) * (1 + scale) + shift`` in x's dtype.
+
+    LTX-Video: ``RMSNorm(elementwise_affine=False)``; Flux/SD3 ``AdaLayerNormZero``: ``LayerNorm``
+    without affine."""
+    n = diffusers_rms_norm(x, weight, eps) if norm == "rms" else torch_layer_norm(x, weight, bias, eps)
+    n = n * (1 + scale)
+    return n if shift is None else n + shift
+
+
+def ltx_gated_add_norm_modulate(x, y, gate, scale, shift=None, norm: str = "rms", weight=None, bias=None,
+                                eps: float = 1e-6):
+    """LTX-Video's ``hidden_states = hidden_states + attn_hidden_states * gate_msa`` then the next AdaLN."""
+    h = x + y * gate
+    return h, diffusers_norm_modulate(h, scale, shift, norm, weight, bias, eps)

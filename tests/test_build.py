@@ -60,7 +60,9 @@ def test_loads_through_get_local_kernel_and_local_kernels(tk, variant_dir):
     assert local is tk, "get_kernel(LOCAL_KERNELS) and get_local_kernel must load the same module"
     meta = json.loads((variant_dir / "metadata.json").read_text())
     assert tk.__name__ == meta["id"]
-    for op in ("rms_norm", "rms_norm_out"):
+    for op in ("rms_norm", "rms_norm_out", "fused_add_rms_norm", "fused_add_rms_norm_out", "fused_add_rms_norm_",
+               "layer_norm", "layer_norm_out", "norm_modulate", "norm_modulate_out", "gated_add_norm_modulate",
+               "gated_add_norm_modulate_out"):
         assert hasattr(getattr(torch.ops, meta["id"]), op)
     assert tk.add_op_namespace_prefix("rms_norm") == f"{meta['id']}::rms_norm"
     assert set(tk.__all__) >= {"rms_norm", "layers", "ops"}
@@ -78,6 +80,23 @@ def test_fake_impl_on_meta_and_fake_tensors(tk, rounding, wdtype):
     with FakeTensorMode():
         xf = torch.empty(7, 128, dtype=torch.float16)
         assert tk.rms_norm(xf, None, 1e-5, rounding=rounding).shape == (7, 128)
+
+
+def test_every_op_traces_on_meta(tk):
+    meta = dict(device="meta", dtype=torch.bfloat16)
+    x, r, w = torch.empty(2, 9, 256, **meta), torch.empty(2, 9, 256, **meta), torch.empty(256, **meta)
+    s = torch.empty(2, 1, 256, **meta)
+    out, h = tk.fused_add_rms_norm(x, r, w)
+    assert out.shape == h.shape == x.shape and out.dtype == h.dtype == torch.bfloat16
+    out, h = tk.fused_add_rms_norm(x, r, w.float())
+    assert out.dtype == torch.float32 and h.dtype == torch.bfloat16
+    assert tk.fused_add_rms_norm_(x, r, w)[0] is x
+    assert tk.layer_norm(x, w, w).shape == x.shape
+    assert tk.norm_modulate(x, s, s, norm="layer").shape == x.shape
+    h, out = tk.gated_add_norm_modulate(x, r, s, s, s)
+    assert h.shape == out.shape == x.shape
+    with pytest.raises(Exception, match="norm must be one of"):
+        tk.norm_modulate(x, s, s, norm="group")
 
 
 def test_fake_impl_rejects_bad_out(tk):
@@ -98,7 +117,8 @@ def test_layers_follow_hub_rules(tk):
     from kernels.layer.layer import _validate_layer
 
     _validate_layer(check_cls=torch.nn.RMSNorm, cls=tk.layers.RMSNorm, repo=REPO_ID)
-    assert tk.layers.RMSNorm.can_torch_compile
+    _validate_layer(check_cls=torch.nn.LayerNorm, cls=tk.layers.LayerNorm, repo=REPO_ID)
+    assert tk.layers.RMSNorm.can_torch_compile and tk.layers.LayerNorm.can_torch_compile
 
 
 def test_python_abi3_compliance(variant_dir):

@@ -111,7 +111,7 @@ BROKEN_BUILD_TOMLS = {
     "edition_4": ("edition = 5", "edition = 4"),
     "unknown_key": ('backends = ["cuda"]', 'backends = ["cuda"]\ncolour = "blue"'),
     "no_torch_section": ("[torch]", "[torch-noarch]"),
-    "missing_source": ('"csrc/norm/rms_norm.cu"', '"csrc/norm/missing.cu"'),
+    "missing_source": ('"csrc/norm/norm.cu"', '"csrc/norm/missing.cu"'),
 }
 
 

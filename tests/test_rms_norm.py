@@ -6,22 +6,16 @@ import torch
 
 from reference.norms import RMS_NORM_EAGER, rms_norm_float64
 
+from helpers import DTYPES, MISMATCH_BUDGET, UNIT_ROUNDOFF, assert_within, mismatch_vs_eager, poisoned, random_input
+
 pytestmark = pytest.mark.gpu
 
-DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 ROUNDINGS = ["hf", "diffusers", "torch"]
 WEIGHTS = ["none", "same", "fp32"]
 # (rows, hidden): hidden 1, odd, a prime past 1K, real model widths, and rows past 64K wide.
 SHAPES = [(1, 1), (5, 7), (33, 127), (300, 64), (1000, 128), (9, 769), (16, 3584), (64, 4096),
           (3, 65536), (2, 70001), (1, 262144)]
-# Unit roundoff of each dtype: the bound on one rounding's relative error.
-UNIT_ROUNDOFF = {torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
 EPS = 1e-6
-
-
-def random_input(shape, dtype, device="cuda", generator=None):
-    """Fresh random values, never zeros, with a non-zero mean and a spread of magnitudes."""
-    return (torch.randn(shape, device=device, dtype=torch.float32, generator=generator) * 2 + 0.5).to(dtype)
 
 
 def make_weight(kind, hidden, dtype, device="cuda"):
@@ -31,27 +25,12 @@ def make_weight(kind, hidden, dtype, device="cuda"):
     return (torch.rand(hidden, device=device) * 2 - 0.5).to(wdtype)
 
 
-def poisoned(shape, dtype, device="cuda"):
-    return torch.full(shape, float("nan"), dtype=dtype, device=device)
-
-
 def assert_close_to_float64(out, x, weight, rounding):
     ref = rms_norm_float64(x, weight, EPS)
-    # Two roundings at most (the normalized value, then the product) in the coarser of the
-    # input and output dtypes, plus fp32 arithmetic.
-    u = max(UNIT_ROUNDOFF[x.dtype], UNIT_ROUNDOFF[out.dtype])
-    err = (out.double() - ref).abs()
-    bound = (2 * u + 1e-5) * ref.abs() + 1e-6
-    worst = (err - bound).max().item() if err.numel() else 0.0
-    assert worst <= 0, f"rounding={rounding}: max error {err.max().item():.3g} exceeds the bound by {worst:.3g}"
-
-
-# Share of elements of a half-precision output allowed to differ from the module's own eager code.
-# They differ only where the fp32 sum of squares, reduced in another order, puts a value on the
-# other side of a rounding boundary: the share grows with the mantissa bits of the output dtype.
-# (An fp32 output differs in the last bits almost everywhere; only its ulp bound is checked.)
-MISMATCH_BUDGET = {torch.float16: 1e-2, torch.bfloat16: 2e-3}
-FP32_REL_TOL = 4e-6  # rsqrtf's error plus a different summation order, relative
+    # Two roundings at most (the normalized value, then the product) in the coarser of the input
+    # and output dtypes, plus fp32 arithmetic.
+    ulps = 2 * max(UNIT_ROUNDOFF[x.dtype], UNIT_ROUNDOFF[out.dtype]) / UNIT_ROUNDOFF[out.dtype]
+    assert_within(out, ref, ref.abs(), ulps, f"rounding={rounding}")
 
 
 def mid_rounding_dtype(rounding, x, weight):
@@ -61,15 +40,12 @@ def mid_rounding_dtype(rounding, x, weight):
     return None
 
 
-def mismatch_vs_eager(ours, eager, mid_dtype):
-    """Share of elements that differ from eager; fails if any differs by more than 2 ulp of the
+def rms_mismatch_vs_eager(ours, eager, mid_dtype):
+    """Share of elements that differ from eager; any difference must be within 2 ulp of the
     coarsest dtype that rounds (two roundings can each land on the other side)."""
     coarse = max([d for d in (mid_dtype, ours.dtype) if d is not None], key=lambda d: UNIT_ROUNDOFF[d])
-    rel_bound = 4 * UNIT_ROUNDOFF[coarse] + FP32_REL_TOL
-    diff = (ours.double() - eager.double()).abs()
-    worst = (diff - rel_bound * eager.double().abs()).max().item() if diff.numel() else 0.0
-    assert worst <= 1e-30, f"difference above 2 ulp of {coarse}: max {diff.max().item()}"
-    return (ours != eager).double().mean().item()
+    ulps = 4 * UNIT_ROUNDOFF[coarse] / UNIT_ROUNDOFF[ours.dtype]
+    return mismatch_vs_eager(ours, eager, eager.double().abs(), ulps)
 
 
 @pytest.mark.parametrize("rows,hidden", SHAPES)
@@ -89,7 +65,7 @@ def test_matches_float64_and_eager(tk, rows, hidden, weight_kind, dtype, roundin
     assert_close_to_float64(out, x, weight, rounding)
     eager = RMS_NORM_EAGER[rounding](x, weight, EPS)
     assert out.dtype == eager.dtype, f"output dtype {out.dtype} differs from the module's {eager.dtype}"
-    mismatch = mismatch_vs_eager(out, eager, mid_rounding_dtype(rounding, x, weight))
+    mismatch = rms_mismatch_vs_eager(out, eager, mid_rounding_dtype(rounding, x, weight))
     assert mismatch <= MISMATCH_BUDGET.get(out.dtype, 1.0)
 
 
@@ -128,7 +104,7 @@ def test_strided_inputs_without_copy(tk, dtype, layout):
     out = tk.rms_norm(x, w, EPS)
     assert out.is_contiguous()
     assert_close_to_float64(out, x, w, "hf")
-    mismatch = mismatch_vs_eager(out, RMS_NORM_EAGER["hf"](x, w, EPS), dtype)
+    mismatch = rms_mismatch_vs_eager(out, RMS_NORM_EAGER["hf"](x, w, EPS), dtype)
     assert mismatch <= MISMATCH_BUDGET.get(out.dtype, 1.0)
 
 

@@ -1,21 +1,52 @@
 // Op schemas and their CUDA implementations. The namespace (TORCH_EXTENSION_NAME) carries a
 // per-build id and is only known at build time; Python reaches the ops through `_ops.ops`.
+// Every op has a functional form (allocates its outputs) and an out= form (`Tensor!` outputs first).
 #include <torch/library.h>
 
 #include "registration.h"
 #include "torch_binding.h"
 
-TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
-  // Every op is registered for CPU too, with the same entry point: CPU tensors then fail with a
-  // clear "must be a CUDA tensor" instead of the dispatcher's "no kernel for CPU".
-  const auto cuda_and_cpu = {torch::kCUDA, torch::kCPU};
+namespace tk = transformer_kernels;
 
+TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   // RMSNorm over the last dim; rounding "hf" | "diffusers" | "torch" picks the module to match.
   ops.def("rms_norm(Tensor x, Tensor? weight, float eps, str rounding) -> Tensor");
   ops.def("rms_norm_out(Tensor! out, Tensor x, Tensor? weight, float eps, str rounding) -> ()");
-  for (const auto key : cuda_and_cpu) {
-    ops.impl("rms_norm", key, &transformer_kernels::rms_norm);
-    ops.impl("rms_norm_out", key, &transformer_kernels::rms_norm_out);
+  // residual_out = x + residual; out = rms_norm(residual_out) (LLM decoder layers).
+  ops.def("fused_add_rms_norm(Tensor x, Tensor residual, Tensor? weight, float eps, str rounding)"
+          " -> (Tensor, Tensor)");
+  ops.def("fused_add_rms_norm_out(Tensor! out, Tensor! residual_out, Tensor x, Tensor residual, Tensor? weight,"
+          " float eps, str rounding) -> ()");
+  // vLLM's in-place form: residual <- x + residual, x <- rms_norm(residual).
+  ops.def("fused_add_rms_norm_(Tensor(a!) x, Tensor(b!) residual, Tensor? weight, float eps, str rounding) -> ()");
+  // LayerNorm over the last dim, computed in fp32 and rounded once (torch.nn.LayerNorm).
+  ops.def("layer_norm(Tensor x, Tensor? weight, Tensor? bias, float eps) -> Tensor");
+  ops.def("layer_norm_out(Tensor! out, Tensor x, Tensor? weight, Tensor? bias, float eps) -> ()");
+  // AdaLN: norm(x) * (1 + scale) + shift, norm "rms" | "layer", with the eager rounding.
+  ops.def("norm_modulate(Tensor x, Tensor scale, Tensor? shift, Tensor? weight, Tensor? bias, float eps, str norm)"
+          " -> Tensor");
+  ops.def("norm_modulate_out(Tensor! out, Tensor x, Tensor scale, Tensor? shift, Tensor? weight, Tensor? bias,"
+          " float eps, str norm) -> ()");
+  // DiT block: h = x + gate * y; out = norm(h) * (1 + scale) + shift; returns (h, out).
+  ops.def("gated_add_norm_modulate(Tensor x, Tensor y, Tensor gate, Tensor scale, Tensor? shift, Tensor? weight,"
+          " Tensor? bias, float eps, str norm) -> (Tensor, Tensor)");
+  ops.def("gated_add_norm_modulate_out(Tensor! h_out, Tensor! out, Tensor x, Tensor y, Tensor gate, Tensor scale,"
+          " Tensor? shift, Tensor? weight, Tensor? bias, float eps, str norm) -> ()");
+
+  // Every op is registered for CPU too, with the same entry point: CPU tensors then fail with a
+  // clear "must be a CUDA tensor" instead of the dispatcher's "no kernel for CPU".
+  for (const auto key : {torch::kCUDA, torch::kCPU}) {
+    ops.impl("rms_norm", key, &tk::rms_norm);
+    ops.impl("rms_norm_out", key, &tk::rms_norm_out);
+    ops.impl("fused_add_rms_norm", key, &tk::fused_add_rms_norm);
+    ops.impl("fused_add_rms_norm_out", key, &tk::fused_add_rms_norm_out);
+    ops.impl("fused_add_rms_norm_", key, &tk::fused_add_rms_norm_inplace);
+    ops.impl("layer_norm", key, &tk::layer_norm);
+    ops.impl("layer_norm_out", key, &tk::layer_norm_out);
+    ops.impl("norm_modulate", key, &tk::norm_modulate);
+    ops.impl("norm_modulate_out", key, &tk::norm_modulate_out);
+    ops.impl("gated_add_norm_modulate", key, &tk::gated_add_norm_modulate);
+    ops.impl("gated_add_norm_modulate_out", key, &tk::gated_add_norm_modulate_out);
   }
 }
 

@@ -1,19 +1,49 @@
 // Declarations of every op entry point registered in torch_binding.cpp. The definitions live
-// in csrc/<family>/<op>.cu, one file per op family.
+// in csrc/<family>/<family>.cu, one file per op family. Shapes: x [..., hidden]; weight and bias
+// [hidden]; residual, y, out, h_out like x; scale, shift, gate broadcast to x's shape.
 #pragma once
 
 #include <torch/torch.h>
 
 #include <optional>
 #include <string_view>
+#include <tuple>
 
 namespace transformer_kernels {
 
-// returns out: [..., hidden] (contiguous)  x: [..., hidden]  weight: [hidden] or None
-torch::Tensor rms_norm(const torch::Tensor& x, const std::optional<torch::Tensor>& weight, double eps,
-                       std::string_view rounding);
-// out: [..., hidden]  x: [..., hidden]  weight: [hidden] or None
-void rms_norm_out(torch::Tensor& out, const torch::Tensor& x, const std::optional<torch::Tensor>& weight, double eps,
+using OptTensor = std::optional<torch::Tensor>;
+
+// ---- norm family (csrc/norm/norm.cu) ----
+torch::Tensor rms_norm(const torch::Tensor& x, const OptTensor& weight, double eps, std::string_view rounding);
+void rms_norm_out(torch::Tensor& out, const torch::Tensor& x, const OptTensor& weight, double eps,
                   std::string_view rounding);
+
+std::tuple<torch::Tensor, torch::Tensor> fused_add_rms_norm(const torch::Tensor& x, const torch::Tensor& residual,
+                                                            const OptTensor& weight, double eps,
+                                                            std::string_view rounding);
+void fused_add_rms_norm_out(torch::Tensor& out, torch::Tensor& residual_out, const torch::Tensor& x,
+                            const torch::Tensor& residual, const OptTensor& weight, double eps,
+                            std::string_view rounding);
+void fused_add_rms_norm_inplace(torch::Tensor& x, torch::Tensor& residual, const OptTensor& weight, double eps,
+                                std::string_view rounding);
+
+torch::Tensor layer_norm(const torch::Tensor& x, const OptTensor& weight, const OptTensor& bias, double eps);
+void layer_norm_out(torch::Tensor& out, const torch::Tensor& x, const OptTensor& weight, const OptTensor& bias,
+                    double eps);
+
+torch::Tensor norm_modulate(const torch::Tensor& x, const torch::Tensor& scale, const OptTensor& shift,
+                            const OptTensor& weight, const OptTensor& bias, double eps, std::string_view norm);
+void norm_modulate_out(torch::Tensor& out, const torch::Tensor& x, const torch::Tensor& scale, const OptTensor& shift,
+                       const OptTensor& weight, const OptTensor& bias, double eps, std::string_view norm);
+
+std::tuple<torch::Tensor, torch::Tensor> gated_add_norm_modulate(const torch::Tensor& x, const torch::Tensor& y,
+                                                                 const torch::Tensor& gate, const torch::Tensor& scale,
+                                                                 const OptTensor& shift, const OptTensor& weight,
+                                                                 const OptTensor& bias, double eps,
+                                                                 std::string_view norm);
+void gated_add_norm_modulate_out(torch::Tensor& h_out, torch::Tensor& out, const torch::Tensor& x,
+                                 const torch::Tensor& y, const torch::Tensor& gate, const torch::Tensor& scale,
+                                 const OptTensor& shift, const OptTensor& weight, const OptTensor& bias, double eps,
+                                 std::string_view norm);
 
 }  // namespace transformer_kernels

@@ -9,13 +9,13 @@ constexpr int kWarpSize = 32;
 constexpr unsigned kFullMask = 0xffffffffu;
 
 // Butterfly sum over aligned groups of `kWidth` lanes (kWidth a power of two <= 32); every
-// lane of the group receives the group's sum.
+// lane of the group receives the group's sum. `mask` names the lanes taking part (whole groups).
 template <int kWidth = kWarpSize>
-TK_DEVICE float group_reduce_sum(float v) {
+TK_DEVICE float group_reduce_sum(float v, unsigned mask = kFullMask) {
   static_assert(kWidth >= 1 && kWidth <= kWarpSize && (kWidth & (kWidth - 1)) == 0,
                 "group width must be a power of two no larger than a warp");
 #pragma unroll
-  for (int offset = kWidth / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(kFullMask, v, offset);
+  for (int offset = kWidth / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(mask, v, offset);
   return v;
 }
 
@@ -36,13 +36,27 @@ TK_DEVICE float block_reduce_sum(float v) {
 }
 
 // Sum over the threads that share one row. kThreadsPerRow == 0 means "the whole block"
-// (blockDim.x threads); otherwise an aligned group of kThreadsPerRow <= 32 lanes.
+// (blockDim.x threads); otherwise an aligned group of kThreadsPerRow <= 32 lanes, `mask` naming
+// the lanes of the warp whose groups have a row (see row_group_mask).
 template <int kThreadsPerRow>
-TK_DEVICE float row_reduce_sum(float v) {
+TK_DEVICE float row_reduce_sum(float v, unsigned mask = kFullMask) {
   if constexpr (kThreadsPerRow == 0) {
     return block_reduce_sum(v);
   } else {
-    return group_reduce_sum<kThreadsPerRow>(v);
+    return group_reduce_sum<kThreadsPerRow>(v, mask);
+  }
+}
+
+// Lanes of this thread's warp whose row groups have a row, when groups of kThreadsPerRow lanes
+// take consecutive rows starting at `warp_first_row`: a prefix of the warp. Groups without a row
+// exit early, so shuffles must not name their lanes.
+template <int kThreadsPerRow>
+TK_DEVICE unsigned row_group_mask(int64_t warp_first_row, int64_t num_rows) {
+  if constexpr (kThreadsPerRow == 0 || kThreadsPerRow == kWarpSize) {
+    return kFullMask;
+  } else {
+    const int64_t lanes = (num_rows - warp_first_row) * kThreadsPerRow;
+    return lanes >= kWarpSize ? kFullMask : (1u << lanes) - 1u;
   }
 }
 

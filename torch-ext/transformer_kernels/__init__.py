@@ -6,6 +6,23 @@ a fake implementation, so it runs under ``torch.compile(fullgraph=True)`` withou
 
 from . import layers
 from ._ops import add_op_namespace_prefix, ops
-from .norm import rms_norm
+from .norm import (
+    fused_add_rms_norm,
+    fused_add_rms_norm_,
+    gated_add_norm_modulate,
+    layer_norm,
+    norm_modulate,
+    rms_norm,
+)
 
-__all__ = ["layers", "ops", "add_op_namespace_prefix", "rms_norm"]
+__all__ = [
+    "add_op_namespace_prefix",
+    "fused_add_rms_norm",
+    "fused_add_rms_norm_",
+    "gated_add_norm_modulate",
+    "layer_norm",
+    "layers",
+    "norm_modulate",
+    "ops",
+    "rms_norm",
+]

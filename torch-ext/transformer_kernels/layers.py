@@ -7,7 +7,7 @@ bound to (``self.weight``, the eps attribute, ...).
 
 import torch
 
-from .norm import rms_norm
+from .norm import layer_norm, rms_norm
 
 
 class RMSNorm(torch.nn.Module):
@@ -40,4 +40,21 @@ class RMSNorm(torch.nn.Module):
         return out if bias is None else out + bias
 
 
-__all__ = ["RMSNorm"]
+class LayerNorm(torch.nn.Module):
+    """LayerNorm over the last dimension for ``torch.nn.LayerNorm`` (weight and bias optional).
+
+    Shapes:
+        - input: ``[..., hidden]``
+        - output: ``[..., hidden]``
+    """
+
+    weight: torch.Tensor
+    bias: torch.Tensor
+    can_torch_compile: bool = True
+    has_backward: bool = False
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return layer_norm(input, self.weight, self.bias, self.eps)
+
+
+__all__ = ["LayerNorm", "RMSNorm"]

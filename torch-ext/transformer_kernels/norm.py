@@ -1,12 +1,20 @@
-"""Normalization ops: Python API and fake (meta) implementations."""
+"""Normalization ops: Python API and fake (meta) implementations.
 
-from typing import Optional
+Every op computes in fp32 and reproduces the rounding of the eager code it replaces. Tensors:
+x ``[..., hidden]`` CUDA float32/float16/bfloat16 with a contiguous last dimension (leading
+dimensions may have any strides; nothing is copied); ``weight``/``bias`` ``[hidden]``, x's dtype or
+float32; ``scale``/``shift``/``gate`` x's dtype, broadcastable to x (``[hidden]``, ``[B, 1, hidden]``,
+``[B, S, hidden]``, strided views of a larger modulation tensor).
+"""
+
+from typing import Optional, Tuple
 
 import torch
 
 from ._ops import add_op_namespace_prefix, ops
 
 ROUNDINGS = ("hf", "diffusers", "torch")
+NORMS = ("rms", "layer")
 
 
 def rms_norm_out_dtype(x: torch.Tensor, weight: Optional[torch.Tensor], rounding: str) -> torch.dtype:
@@ -39,19 +47,20 @@ def rms_norm(
     - ``"torch"``: ``torch.nn.RMSNorm`` / ``F.rms_norm``: multiply by the weight in fp32 and
       round once to ``x.dtype``.
 
+    Norms over heads need no special form: ``[B, S, H*d]`` normalizes across all heads (LTX-Video's
+    q/k norm), ``[B, S, H, d]`` or the ``[B, H, S, d]`` view transformers makes, per head (Qwen3, Flux).
+
     Parameters
     ----------
     x : torch.Tensor
-        ``[..., hidden]`` CUDA tensor, float32, float16 or bfloat16. The last dimension must be
-        contiguous; the leading dimensions may have any strides (no copy is made).
+        ``[..., hidden]``.
     weight : torch.Tensor, optional
-        ``[hidden]``, contiguous, with ``x``'s dtype or float32. ``None`` for no scale (LTX-Video's
-        block norms).
+        ``[hidden]``; ``None`` for no scale (LTX-Video's block norms).
     eps : float
         Added to the mean square before the reciprocal square root.
     out : torch.Tensor, optional
-        ``[..., hidden]`` output; allocated when not given. Its dtype must be the one the rounding
-        mode produces (see ``rms_norm_out_dtype``) and it must not overlap ``x`` or ``weight``.
+        Output, allocated when not given; its dtype must be ``rms_norm_out_dtype(x, weight,
+        rounding)`` and it must not overlap an input.
     rounding : str
         ``"hf"``, ``"diffusers"`` or ``"torch"``.
 
@@ -66,26 +75,216 @@ def rms_norm(
     return out
 
 
+def fused_add_rms_norm(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: Optional[torch.Tensor] = None,
+    eps: float = 1e-6,
+    out: Optional[torch.Tensor] = None,
+    residual_out: Optional[torch.Tensor] = None,
+    rounding: str = "hf",
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``residual_out = x + residual`` (rounded to x's dtype), then ``out = rms_norm(residual_out)``.
+
+    The residual add and the next norm of a transformers decoder layer in one pass. Both inputs
+    are left unchanged; see ``fused_add_rms_norm_`` for vLLM's in-place form.
+
+    Returns
+    -------
+    (out, residual_out)
+    """
+    if out is None and residual_out is None:
+        return _fused_add_rms_norm(x, residual, weight, eps, rounding)
+    if out is None:
+        out = torch.empty(x.shape, dtype=rms_norm_out_dtype(x, weight, rounding), device=x.device)
+    if residual_out is None:
+        residual_out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    _fused_add_rms_norm_out(out, residual_out, x, residual, weight, eps, rounding)
+    return out, residual_out
+
+
+def fused_add_rms_norm_(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: Optional[torch.Tensor] = None,
+    eps: float = 1e-6,
+    rounding: str = "hf",
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """In place, with vLLM's semantics: ``residual <- x + residual``, ``x <- rms_norm(residual)``.
+
+    The output must have x's dtype (so an fp32 weight needs ``rounding="torch"``).
+
+    Returns
+    -------
+    (x, residual)
+        The two inputs, overwritten.
+    """
+    _fused_add_rms_norm_(x, residual, weight, eps, rounding)
+    return x, residual
+
+
+def layer_norm(
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor] = None,
+    bias: Optional[torch.Tensor] = None,
+    eps: float = 1e-5,
+    out: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """LayerNorm over the last dimension, as ``torch.nn.functional.layer_norm``.
+
+    ``out = (x - mean) / sqrt(var + eps) * weight + bias`` with the biased variance, computed in fp32
+    and rounded once to x's dtype.
+    """
+    if out is None:
+        return _layer_norm(x, weight, bias, eps)
+    _layer_norm_out(out, x, weight, bias, eps)
+    return out
+
+
+def norm_modulate(
+    x: torch.Tensor,
+    scale: torch.Tensor,
+    shift: Optional[torch.Tensor] = None,
+    norm: str = "rms",
+    weight: Optional[torch.Tensor] = None,
+    bias: Optional[torch.Tensor] = None,
+    eps: float = 1e-6,
+    out: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """AdaLN: ``norm(x) * (1 + scale) + shift``, as DiT blocks (LTX-Video, Flux, SD3) modulate.
+
+    ``norm`` is ``"rms"`` (diffusers' ``RMSNorm``, weight optional) or ``"layer"`` (``nn.LayerNorm``,
+    weight and bias optional). Each step rounds to x's dtype as the eager code does:
+    ``round(round(round(norm(x)) * round(1 + scale)) + shift)``.
+    """
+    if out is None:
+        return _norm_modulate(x, scale, shift, weight, bias, eps, norm)
+    _norm_modulate_out(out, x, scale, shift, weight, bias, eps, norm)
+    return out
+
+
+def gated_add_norm_modulate(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    gate: torch.Tensor,
+    scale: torch.Tensor,
+    shift: Optional[torch.Tensor] = None,
+    norm: str = "rms",
+    weight: Optional[torch.Tensor] = None,
+    bias: Optional[torch.Tensor] = None,
+    eps: float = 1e-6,
+    h_out: Optional[torch.Tensor] = None,
+    out: Optional[torch.Tensor] = None,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """A DiT block's gated residual and the next modulated norm in one pass.
+
+    ``h = x + gate * y`` (LTX-Video's ``hidden_states + attn_output * gate_msa``), then
+    ``out = norm(h) * (1 + scale) + shift``, each step rounded as the eager code does.
+
+    Returns
+    -------
+    (h, out)
+        The new residual stream and the modulated norm of it.
+    """
+    if h_out is None and out is None:
+        return _gated_add_norm_modulate(x, y, gate, scale, shift, weight, bias, eps, norm)
+    if h_out is None:
+        h_out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if out is None:
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    _gated_add_norm_modulate_out(h_out, out, x, y, gate, scale, shift, weight, bias, eps, norm)
+    return h_out, out
+
+
 # Resolved overloads skip the packet's per-call overload lookup (decode calls are host-bound).
 _rms_norm = ops.rms_norm.default
 _rms_norm_out = ops.rms_norm_out.default
+_fused_add_rms_norm = ops.fused_add_rms_norm.default
+_fused_add_rms_norm_out = ops.fused_add_rms_norm_out.default
+_fused_add_rms_norm_ = ops.fused_add_rms_norm_.default
+_layer_norm = ops.layer_norm.default
+_layer_norm_out = ops.layer_norm_out.default
+_norm_modulate = ops.norm_modulate.default
+_norm_modulate_out = ops.norm_modulate_out.default
+_gated_add_norm_modulate = ops.gated_add_norm_modulate.default
+_gated_add_norm_modulate_out = ops.gated_add_norm_modulate_out.default
 
 
-def _check_rounding(rounding: str) -> None:
-    torch._check(rounding in ROUNDINGS, lambda: f"rms_norm: rounding must be one of {ROUNDINGS}, got {rounding!r}")
+# ---- fake (meta) implementations: shapes and dtypes for torch.compile ----
+
+def _check_choice(op: str, name: str, value: str, choices: Tuple[str, ...]) -> None:
+    torch._check(value in choices, lambda: f"{op}: {name} must be one of {choices}, got {value!r}")
+
+
+def _check_out(op: str, name: str, out: torch.Tensor, x: torch.Tensor, dtype: torch.dtype) -> None:
+    torch._check(out.shape == x.shape, lambda: f"{op}: {name} must have the shape of x {tuple(x.shape)}, got {tuple(out.shape)}")
+    torch._check(out.dtype == dtype, lambda: f"{op}: {name} must have dtype {dtype}, got {out.dtype}")
+
+
+def _new(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return x.new_empty(x.shape, dtype=dtype)
 
 
 @torch.library.register_fake(add_op_namespace_prefix("rms_norm"))
-def _rms_norm_fake(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, rounding: str) -> torch.Tensor:
-    _check_rounding(rounding)
-    return x.new_empty(x.shape, dtype=rms_norm_out_dtype(x, weight, rounding))
+def _(x, weight, eps, rounding):
+    _check_choice("rms_norm", "rounding", rounding, ROUNDINGS)
+    return _new(x, rms_norm_out_dtype(x, weight, rounding))
 
 
 @torch.library.register_fake(add_op_namespace_prefix("rms_norm_out"))
-def _rms_norm_out_fake(out: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor], eps: float,
-                       rounding: str) -> None:
-    _check_rounding(rounding)
-    torch._check(out.shape == x.shape,
-                 lambda: f"rms_norm: out must have the shape of x {tuple(x.shape)}, got {tuple(out.shape)}")
-    expected = rms_norm_out_dtype(x, weight, rounding)
-    torch._check(out.dtype == expected, lambda: f"rms_norm: out must have dtype {expected}, got {out.dtype}")
+def _(out, x, weight, eps, rounding):
+    _check_choice("rms_norm", "rounding", rounding, ROUNDINGS)
+    _check_out("rms_norm", "out", out, x, rms_norm_out_dtype(x, weight, rounding))
+
+
+@torch.library.register_fake(add_op_namespace_prefix("fused_add_rms_norm"))
+def _(x, residual, weight, eps, rounding):
+    _check_choice("fused_add_rms_norm", "rounding", rounding, ROUNDINGS)
+    return _new(x, rms_norm_out_dtype(x, weight, rounding)), _new(x, x.dtype)
+
+
+@torch.library.register_fake(add_op_namespace_prefix("fused_add_rms_norm_out"))
+def _(out, residual_out, x, residual, weight, eps, rounding):
+    _check_choice("fused_add_rms_norm", "rounding", rounding, ROUNDINGS)
+    _check_out("fused_add_rms_norm", "out", out, x, rms_norm_out_dtype(x, weight, rounding))
+    _check_out("fused_add_rms_norm", "residual_out", residual_out, x, x.dtype)
+
+
+@torch.library.register_fake(add_op_namespace_prefix("fused_add_rms_norm_"))
+def _(x, residual, weight, eps, rounding):
+    _check_choice("fused_add_rms_norm_", "rounding", rounding, ROUNDINGS)
+
+
+@torch.library.register_fake(add_op_namespace_prefix("layer_norm"))
+def _(x, weight, bias, eps):
+    return _new(x, x.dtype)
+
+
+@torch.library.register_fake(add_op_namespace_prefix("layer_norm_out"))
+def _(out, x, weight, bias, eps):
+    _check_out("layer_norm", "out", out, x, x.dtype)
+
+
+@torch.library.register_fake(add_op_namespace_prefix("norm_modulate"))
+def _(x, scale, shift, weight, bias, eps, norm):
+    _check_choice("norm_modulate", "norm", norm, NORMS)
+    return _new(x, x.dtype)
+
+
+@torch.library.register_fake(add_op_namespace_prefix("norm_modulate_out"))
+def _(out, x, scale, shift, weight, bias, eps, norm):
+    _check_choice("norm_modulate", "norm", norm, NORMS)
+    _check_out("norm_modulate", "out", out, x, x.dtype)
+
+
+@torch.library.register_fake(add_op_namespace_prefix("gated_add_norm_modulate"))
+def _(x, y, gate, scale, shift, weight, bias, eps, norm):
+    _check_choice("gated_add_norm_modulate", "norm", norm, NORMS)
+    return _new(x, x.dtype), _new(x, x.dtype)
+
+
+@torch.library.register_fake(add_op_namespace_prefix("gated_add_norm_modulate_out"))
+def _(h_out, out, x, y, gate, scale, shift, weight, bias, eps, norm):
+    _check_choice("gated_add_norm_modulate", "norm", norm, NORMS)
+    _check_out("gated_add_norm_modulate", "h_out", h_out, x, x.dtype)
+    _check_out("gated_add_norm_modulate", "out", out, x, x.dtype)

@@ -1,0 +1,390 @@
+// Torch entry points of the normalization family: validate, pick dtypes, call the torch-free
+// launcher in norm.cuh on the current stream of x's device.
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/ops/empty.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include <optional>
+#include <string_view>
+#include <tuple>
+
+#include "common/checks.h"
+#include "common/dispatch.h"
+#include "norm/norm.cuh"
+
+namespace transformer_kernels {
+namespace {
+
+using OptTensor = std::optional<at::Tensor>;
+
+// Everything one kernel launch needs, as torch tensors; `nullptr`/empty for what is absent.
+struct NormCall {
+  const char* op;
+  NormType type;
+  PreAdd pre;
+  const at::Tensor* x;
+  const at::Tensor* residual = nullptr;  // the residual (kResidual) or the branch output y (kGated)
+  const at::Tensor* gate = nullptr;      // broadcast to x's shape
+  const OptTensor* weight;
+  const OptTensor* bias;
+  const at::Tensor* scale = nullptr;  // broadcast to x's shape
+  const OptTensor* shift = nullptr;   // broadcast to x's shape
+  at::Tensor* out;
+  at::Tensor* h_out = nullptr;
+  double eps;
+  bool round_normalized = false;
+};
+
+// Output dtype and pre-weight rounding of RMSNorm for each module's rounding.
+struct RmsRounding {
+  bool round_normalized;
+  c10::ScalarType out_dtype;
+};
+
+RmsRounding resolve_rms_rounding(const char* op, std::string_view rounding, const at::Tensor& x,
+                                 const OptTensor& weight) {
+  const c10::ScalarType weight_dtype = weight ? weight->scalar_type() : x.scalar_type();
+  if (rounding == "hf") return {true, weight_dtype};
+  if (rounding == "diffusers") return {weight_dtype == x.scalar_type(), weight_dtype};
+  if (rounding == "torch") return {false, x.scalar_type()};
+  TORCH_CHECK_VALUE(false, op, ": rounding must be \"hf\", \"diffusers\" or \"torch\", got \"", rounding, "\"");
+}
+
+NormType resolve_norm_type(const char* op, std::string_view norm) {
+  if (norm == "rms") return NormType::kRms;
+  if (norm == "layer") return NormType::kLayer;
+  TORCH_CHECK_VALUE(false, op, ": norm must be \"rms\" or \"layer\", got \"", norm, "\"");
+}
+
+void check_x(const char* op, const at::Tensor& x) {
+  check_cuda(op, x, "x");
+  check_float_dtype(op, x, "x");
+  check_last_dim_contiguous(op, x, "x");
+  check_row_count(op, num_rows(x), "x");
+}
+
+// A per-feature parameter: [hidden], contiguous, x's dtype or float32 (norm weights are often
+// kept in fp32, e.g. under diffusers' layerwise casting).
+void check_param(const char* op, const OptTensor& t, const char* name, const at::Tensor& x) {
+  if (!t) return;
+  check_same_device(op, *t, name, x, "x");
+  TORCH_CHECK_VALUE(t->dim() == 1 && t->size(0) == x.size(-1), op, ": ", name, " must be 1-D with x.shape[-1] = ",
+                    x.size(-1), " elements, got shape ", t->sizes());
+  TORCH_CHECK_VALUE(t->size(0) <= 1 || t->stride(0) == 1, op, ": ", name, " must be contiguous, got stride ",
+                    t->stride(0));
+  TORCH_CHECK_TYPE(t->scalar_type() == x.scalar_type() || t->scalar_type() == at::kFloat, op, ": ", name,
+                   " must have the dtype of x (", x.scalar_type(), ") or float32, got ", t->scalar_type());
+}
+
+void check_same_param_dtype(const char* op, const OptTensor& weight, const OptTensor& bias) {
+  if (weight && bias)
+    TORCH_CHECK_TYPE(weight->scalar_type() == bias->scalar_type(), op, ": weight and bias must have one dtype, got ",
+                     weight->scalar_type(), " and ", bias->scalar_type());
+}
+
+// A tensor of x's dtype that broadcasts to x's shape with a full, contiguous last dimension
+// ([hidden], [B, 1, hidden], [B, S, hidden], or strided views of a larger tensor).
+void check_broadcast(const char* op, const at::Tensor& t, const char* name, const at::Tensor& x) {
+  check_same_device(op, t, name, x, "x");
+  check_dtype(op, t, name, x.scalar_type(), "the dtype of x");
+  TORCH_CHECK_VALUE(t.dim() >= 1 && t.dim() <= x.dim() && t.size(-1) == x.size(-1), op, ": ", name,
+                    " must broadcast to x's shape ", x.sizes(), " with its last dimension equal to x.shape[-1], got ",
+                    t.sizes());
+  for (int64_t d = 1; d <= t.dim(); ++d)
+    TORCH_CHECK_VALUE(t.size(-d) == 1 || t.size(-d) == x.size(-d), op, ": ", name, " of shape ", t.sizes(),
+                      " does not broadcast to x's shape ", x.sizes());
+  check_last_dim_contiguous(op, t, name);
+}
+
+void check_same_as_x(const char* op, const at::Tensor& t, const char* name, const at::Tensor& x) {
+  check_same_device(op, t, name, x, "x");
+  check_dtype(op, t, name, x.scalar_type(), "the dtype of x");
+  check_same_shape(op, t, name, x, "x");
+  check_last_dim_contiguous(op, t, name);
+}
+
+// An output the caller passed: device, shape, dtype, layout, and no overlap with any input.
+void check_output(const NormCall& c, const at::Tensor& out, const char* name, c10::ScalarType dtype) {
+  check_same_device(c.op, out, name, *c.x, "x");
+  check_same_shape(c.op, out, name, *c.x, "x");
+  check_dtype(c.op, out, name, dtype, "the dtype this op produces");
+  check_last_dim_contiguous(c.op, out, name);
+  check_writable_output(c.op, out, name);
+  check_no_overlap(c.op, out, name, *c.x, "x");
+  if (c.residual) check_no_overlap(c.op, out, name, *c.residual, c.pre == PreAdd::kGated ? "y" : "residual");
+  if (c.gate) check_no_overlap(c.op, out, name, *c.gate, "gate");
+  if (*c.weight) check_no_overlap(c.op, out, name, **c.weight, "weight");
+  if (*c.bias) check_no_overlap(c.op, out, name, **c.bias, "bias");
+  if (c.scale) check_no_overlap(c.op, out, name, *c.scale, "scale");
+  if (c.shift && *c.shift) check_no_overlap(c.op, out, name, **c.shift, "shift");
+}
+
+RowIndexer rows_of(const char* op, const at::Tensor& t, const char* name, const at::Tensor& x) {
+  return row_indexer(op, t.dim() == x.dim() && t.sizes() == x.sizes() ? t : t.expand(x.sizes()), name);
+}
+
+template <NormType kNorm, PreAdd kPre, typename T, typename W, typename O>
+void run(const NormCall& c) {
+  const at::Tensor& x = *c.x;
+  NormParams<T, W, O> p;
+  p.x = reinterpret_cast<const T*>(x.const_data_ptr());
+  p.x_rows = row_indexer(c.op, x, "x");
+  if (c.residual) {
+    p.residual = reinterpret_cast<const T*>(c.residual->const_data_ptr());
+    p.residual_rows = row_indexer(c.op, *c.residual, kPre == PreAdd::kGated ? "y" : "residual");
+  }
+  if (c.gate) {
+    p.gate = reinterpret_cast<const T*>(c.gate->const_data_ptr());
+    p.gate_rows = rows_of(c.op, *c.gate, "gate", x);
+  }
+  if (*c.weight) p.weight = reinterpret_cast<const W*>((*c.weight)->const_data_ptr());
+  if (*c.bias) p.bias = reinterpret_cast<const W*>((*c.bias)->const_data_ptr());
+  if (c.scale) {
+    p.scale = reinterpret_cast<const T*>(c.scale->const_data_ptr());
+    p.scale_rows = rows_of(c.op, *c.scale, "scale", x);
+  }
+  if (c.shift && *c.shift) {
+    p.shift = reinterpret_cast<const T*>((*c.shift)->const_data_ptr());
+    p.shift_rows = rows_of(c.op, **c.shift, "shift", x);
+  }
+  p.out = reinterpret_cast<O*>(c.out->data_ptr());
+  p.out_rows = row_indexer(c.op, *c.out, "out");
+  if (c.h_out) {
+    p.h_out = reinterpret_cast<T*>(c.h_out->data_ptr());
+    p.h_rows = row_indexer(c.op, *c.h_out, "h_out");
+  }
+  p.num_rows = num_rows(x);
+  p.hidden = x.size(-1);
+  p.eps = static_cast<float>(c.eps);
+  p.round_normalized = c.round_normalized;
+  const cudaError_t err = norm<kNorm, kPre>(p, at::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, c.op, ": kernel launch failed: ", cudaGetErrorString(err));
+}
+
+// Picks the kernel instantiation: dtypes (x; weight = x's or fp32; out = x's or fp32), norm and
+// pre-add. Only the combinations the ops produce are instantiated.
+template <NormType kNorm, PreAdd kPre>
+void dispatch_dtypes(const NormCall& c) {
+  const bool weight_f32 = (*c.weight && (*c.weight)->scalar_type() == at::kFloat) ||
+                          (*c.bias && (*c.bias)->scalar_type() == at::kFloat);
+  const bool out_f32 = c.out->scalar_type() == at::kFloat;
+  dispatch_float_dtype(c.x->scalar_type(), "x", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if constexpr (std::is_same_v<T, float>) {
+      run<kNorm, kPre, float, float, float>(c);
+    } else {
+      if (!weight_f32) {
+        run<kNorm, kPre, T, T, T>(c);
+      } else if (!out_f32) {
+        run<kNorm, kPre, T, float, T>(c);
+      } else if constexpr (kNorm == NormType::kRms) {  // HF/diffusers rounding with an fp32 weight
+        run<kNorm, kPre, T, float, float>(c);
+      }
+    }
+  });
+}
+
+void launch(const NormCall& c) {
+  const at::cuda::OptionalCUDAGuard device_guard(c.x->device());
+  if (c.type == NormType::kRms) {
+    switch (c.pre) {
+      case PreAdd::kNone: return dispatch_dtypes<NormType::kRms, PreAdd::kNone>(c);
+      case PreAdd::kResidual: return dispatch_dtypes<NormType::kRms, PreAdd::kResidual>(c);
+      case PreAdd::kGated: return dispatch_dtypes<NormType::kRms, PreAdd::kGated>(c);
+    }
+  } else {
+    switch (c.pre) {
+      case PreAdd::kNone: return dispatch_dtypes<NormType::kLayer, PreAdd::kNone>(c);
+      case PreAdd::kGated: return dispatch_dtypes<NormType::kLayer, PreAdd::kGated>(c);
+      case PreAdd::kResidual: break;
+    }
+  }
+  TORCH_CHECK(false, c.op, ": unsupported norm/pre-add combination");
+}
+
+at::Tensor empty_like_rows(const at::Tensor& x, c10::ScalarType dtype) {
+  return at::empty(x.sizes(), x.options().dtype(dtype));
+}
+
+// ---- rms_norm ----
+
+RmsRounding check_rms_norm(const char* op, const at::Tensor& x, const OptTensor& weight, double eps,
+                           std::string_view rounding) {
+  check_x(op, x);
+  check_param(op, weight, "weight", x);
+  check_eps(op, eps);
+  return resolve_rms_rounding(op, rounding, x, weight);
+}
+
+// ---- modulated norms: the norm's own output must be in x's dtype before the modulation ----
+
+NormType check_modulated(const char* op, const at::Tensor& x, const at::Tensor& scale, const OptTensor& shift,
+                         const OptTensor& weight, const OptTensor& bias, double eps, std::string_view norm) {
+  check_x(op, x);
+  const NormType type = resolve_norm_type(op, norm);
+  check_param(op, weight, "weight", x);
+  check_param(op, bias, "bias", x);
+  check_same_param_dtype(op, weight, bias);
+  TORCH_CHECK_VALUE(type == NormType::kLayer || !bias, op, ": bias is only used with norm=\"layer\"");
+  if (type == NormType::kRms && weight)
+    TORCH_CHECK_TYPE(weight->scalar_type() == x.scalar_type(), op,
+                     ": with norm=\"rms\" the weight must have x's dtype (the modulation follows diffusers' RMSNorm,"
+                     " whose output takes an fp32 weight's dtype), got ", weight->scalar_type());
+  check_broadcast(op, scale, "scale", x);
+  if (shift) check_broadcast(op, *shift, "shift", x);
+  check_eps(op, eps);
+  return type;
+}
+
+}  // namespace
+
+at::Tensor rms_norm(const at::Tensor& x, const OptTensor& weight, double eps, std::string_view rounding) {
+  const RmsRounding r = check_rms_norm("rms_norm", x, weight, eps, rounding);
+  at::Tensor out = empty_like_rows(x, r.out_dtype);
+  const OptTensor none;
+  launch({"rms_norm", NormType::kRms, PreAdd::kNone, &x, nullptr, nullptr, &weight, &none, nullptr, nullptr, &out,
+          nullptr, eps, r.round_normalized});
+  return out;
+}
+
+void rms_norm_out(at::Tensor& out, const at::Tensor& x, const OptTensor& weight, double eps,
+                  std::string_view rounding) {
+  const RmsRounding r = check_rms_norm("rms_norm", x, weight, eps, rounding);
+  const OptTensor none;
+  const NormCall c{"rms_norm", NormType::kRms, PreAdd::kNone, &x,  nullptr, nullptr, &weight,
+                   &none,      nullptr,        nullptr,       &out, nullptr, eps,    r.round_normalized};
+  check_output(c, out, "out", r.out_dtype);
+  launch(c);
+}
+
+std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm(const at::Tensor& x, const at::Tensor& residual,
+                                                      const OptTensor& weight, double eps, std::string_view rounding) {
+  constexpr const char* op = "fused_add_rms_norm";
+  const RmsRounding r = check_rms_norm(op, x, weight, eps, rounding);
+  check_same_as_x(op, residual, "residual", x);
+  at::Tensor out = empty_like_rows(x, r.out_dtype);
+  at::Tensor h = empty_like_rows(x, x.scalar_type());
+  const OptTensor none;
+  launch({op, NormType::kRms, PreAdd::kResidual, &x, &residual, nullptr, &weight, &none, nullptr, nullptr, &out, &h,
+          eps, r.round_normalized});
+  return {out, h};
+}
+
+void fused_add_rms_norm_out(at::Tensor& out, at::Tensor& residual_out, const at::Tensor& x,
+                            const at::Tensor& residual, const OptTensor& weight, double eps,
+                            std::string_view rounding) {
+  constexpr const char* op = "fused_add_rms_norm";
+  const RmsRounding r = check_rms_norm(op, x, weight, eps, rounding);
+  check_same_as_x(op, residual, "residual", x);
+  const OptTensor none;
+  const NormCall c{op,      NormType::kRms, PreAdd::kResidual, &x,   &residual,     nullptr, &weight,
+                   &none,   nullptr,        nullptr,           &out, &residual_out, eps,     r.round_normalized};
+  check_output(c, out, "out", r.out_dtype);
+  check_output(c, residual_out, "residual_out", x.scalar_type());
+  check_no_overlap(op, out, "out", residual_out, "residual_out");
+  launch(c);
+}
+
+void fused_add_rms_norm_inplace(at::Tensor& x, at::Tensor& residual, const OptTensor& weight, double eps,
+                                std::string_view rounding) {
+  constexpr const char* op = "fused_add_rms_norm_";
+  const RmsRounding r = check_rms_norm(op, x, weight, eps, rounding);
+  check_same_as_x(op, residual, "residual", x);
+  TORCH_CHECK_TYPE(r.out_dtype == x.scalar_type(), op,
+                   ": in place, the output overwrites x, so it must have x's dtype; with this weight and rounding it "
+                   "would be ", r.out_dtype);
+  // Each element is read and written by the same thread, so exact aliasing is safe; partial
+  // overlap, or x and residual sharing memory, is not.
+  check_writable_output(op, x, "x");
+  check_writable_output(op, residual, "residual");
+  check_no_overlap(op, x, "x", residual, "residual");
+  if (weight) check_no_overlap(op, x, "x", *weight, "weight");
+  if (weight) check_no_overlap(op, residual, "residual", *weight, "weight");
+  const OptTensor none;
+  launch({op, NormType::kRms, PreAdd::kResidual, &x, &residual, nullptr, &weight, &none, nullptr, nullptr, &x,
+          &residual, eps, r.round_normalized});
+}
+
+// ---- layer_norm ----
+
+namespace {
+void check_layer_norm(const char* op, const at::Tensor& x, const OptTensor& weight, const OptTensor& bias,
+                      double eps) {
+  check_x(op, x);
+  check_param(op, weight, "weight", x);
+  check_param(op, bias, "bias", x);
+  check_same_param_dtype(op, weight, bias);
+  check_eps(op, eps);
+}
+}  // namespace
+
+at::Tensor layer_norm(const at::Tensor& x, const OptTensor& weight, const OptTensor& bias, double eps) {
+  check_layer_norm("layer_norm", x, weight, bias, eps);
+  at::Tensor out = empty_like_rows(x, x.scalar_type());
+  launch({"layer_norm", NormType::kLayer, PreAdd::kNone, &x, nullptr, nullptr, &weight, &bias, nullptr, nullptr,
+          &out, nullptr, eps});
+  return out;
+}
+
+void layer_norm_out(at::Tensor& out, const at::Tensor& x, const OptTensor& weight, const OptTensor& bias,
+                    double eps) {
+  check_layer_norm("layer_norm", x, weight, bias, eps);
+  const NormCall c{"layer_norm", NormType::kLayer, PreAdd::kNone, &x,   nullptr, nullptr, &weight,
+                   &bias,        nullptr,          nullptr,       &out, nullptr, eps};
+  check_output(c, out, "out", x.scalar_type());
+  launch(c);
+}
+
+// ---- AdaLN: norm(x) * (1 + scale) + shift ----
+
+at::Tensor norm_modulate(const at::Tensor& x, const at::Tensor& scale, const OptTensor& shift,
+                         const OptTensor& weight, const OptTensor& bias, double eps, std::string_view norm) {
+  constexpr const char* op = "norm_modulate";
+  const NormType type = check_modulated(op, x, scale, shift, weight, bias, eps, norm);
+  at::Tensor out = empty_like_rows(x, x.scalar_type());
+  launch({op, type, PreAdd::kNone, &x, nullptr, nullptr, &weight, &bias, &scale, &shift, &out, nullptr, eps,
+          /*round_normalized=*/true});
+  return out;
+}
+
+void norm_modulate_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& scale, const OptTensor& shift,
+                       const OptTensor& weight, const OptTensor& bias, double eps, std::string_view norm) {
+  constexpr const char* op = "norm_modulate";
+  const NormType type = check_modulated(op, x, scale, shift, weight, bias, eps, norm);
+  const NormCall c{op, type, PreAdd::kNone, &x, nullptr, nullptr, &weight, &bias, &scale, &shift, &out, nullptr, eps,
+                   true};
+  check_output(c, out, "out", x.scalar_type());
+  launch(c);
+}
+
+// ---- gated residual + AdaLN: h = x + gate * y; out = norm(h) * (1 + scale) + shift ----
+
+std::tuple<at::Tensor, at::Tensor> gated_add_norm_modulate(const at::Tensor& x, const at::Tensor& y,
+                                                           const at::Tensor& gate, const at::Tensor& scale,
+                                                           const OptTensor& shift, const OptTensor& weight,
+                                                           const OptTensor& bias, double eps, std::string_view norm) {
+  constexpr const char* op = "gated_add_norm_modulate";
+  const NormType type = check_modulated(op, x, scale, shift, weight, bias, eps, norm);
+  check_same_as_x(op, y, "y", x);
+  check_broadcast(op, gate, "gate", x);
+  at::Tensor h = empty_like_rows(x, x.scalar_type());
+  at::Tensor out = empty_like_rows(x, x.scalar_type());
+  launch({op, type, PreAdd::kGated, &x, &y, &gate, &weight, &bias, &scale, &shift, &out, &h, eps, true});
+  return {h, out};
+}
+
+void gated_add_norm_modulate_out(at::Tensor& h_out, at::Tensor& out, const at::Tensor& x, const at::Tensor& y,
+                                 const at::Tensor& gate, const at::Tensor& scale, const OptTensor& shift,
+                                 const OptTensor& weight, const OptTensor& bias, double eps, std::string_view norm) {
+  constexpr const char* op = "gated_add_norm_modulate";
+  const NormType type = check_modulated(op, x, scale, shift, weight, bias, eps, norm);
+  check_same_as_x(op, y, "y", x);
+  check_broadcast(op, gate, "gate", x);
+  const NormCall c{op, type, PreAdd::kGated, &x, &y, &gate, &weight, &bias, &scale, &shift, &out, &h_out, eps, true};
+  check_output(c, out, "out", x.scalar_type());
+  check_output(c, h_out, "h_out", x.scalar_type());
+  check_no_overlap(op, out, "out", h_out, "h_out");
+  launch(c);
+}
+
+}  // namespace transformer_kernels

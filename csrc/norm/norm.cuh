@@ -1,0 +1,306 @@
+// Row normalization over the last dimension, with the fusions diffusion and language
+// transformers use around it. Torch-free: the kernel, its launch heuristics and a host launcher.
+//
+//   h   = x                        (PreAdd::kNone)
+//       | round(x + residual)      (PreAdd::kResidual: LLM decoder layers, vLLM fused_add_rms_norm)
+//       | round(x + round(gate*y)) (PreAdd::kGated: DiT blocks, y the attention/MLP branch output)
+//   n   = RMSNorm(h) with the replaced module's rounding, or LayerNorm(h) computed in fp32
+//   out = n                        (no modulation)
+//       | round(round(round(n) * round(1 + scale)) + shift)   (AdaLN modulation, eager rounding)
+//
+// Rounding steps reproduce the eager PyTorch code op by op (each bf16/fp16 op rounds its result);
+// for float32 tensors they are no-ops. h is written to h_out when given (the new residual).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "common/math.cuh"
+#include "common/reduce.cuh"
+#include "common/rows.cuh"
+#include "common/vec.cuh"
+
+namespace transformer_kernels {
+
+enum class NormType { kRms, kLayer };
+enum class PreAdd { kNone, kResidual, kGated };
+
+template <typename T, typename weight_t, typename out_t>
+struct NormParams {
+  const T* x;  // [rows..., hidden]
+  RowIndexer x_rows;
+  const T* residual = nullptr;  // [rows..., hidden]: the residual (kResidual) or the branch output y (kGated)
+  RowIndexer residual_rows;
+  const T* gate = nullptr;  // [rows..., hidden], any broadcast (stride-0) rows: kGated only
+  RowIndexer gate_rows;
+  const weight_t* weight = nullptr;  // [hidden] contiguous, or none
+  const weight_t* bias = nullptr;    // [hidden] contiguous, or none (LayerNorm)
+  const T* scale = nullptr;          // [rows..., hidden] broadcast rows, or none (no modulation)
+  RowIndexer scale_rows;
+  const T* shift = nullptr;  // [rows..., hidden] broadcast rows, or none
+  RowIndexer shift_rows;
+  out_t* out;  // [rows..., hidden]
+  RowIndexer out_rows;
+  T* h_out = nullptr;  // [rows..., hidden] pre-norm sum, or none
+  RowIndexer h_rows;
+  int64_t num_rows;
+  int64_t hidden;
+  float eps;
+  // RMSNorm: round h * inv_rms to T before the weight multiply (HF transformers, diffusers).
+  bool round_normalized = false;
+};
+
+namespace norm_detail {
+
+// Vectors each thread keeps in registers across the passes, so inputs are read from memory once.
+// Rows wider than threads * kCachedVecs vectors re-read the rest (from L2: the row was just read).
+constexpr int kCachedVecs = 4;
+constexpr int kMaxThreads = 1024;
+constexpr int kThreadsPerBlock = 256;  // for the row-group modes (several rows per block)
+// Row-group widths: kSmallGroup lanes for rows of <= kSmallGroup * kCachedVecs vectors (head-dim
+// norms: 128 bf16 = 16 vectors -> 4 vectors per lane), a warp up to 32 * kCachedVecs vectors,
+// a whole block beyond.
+constexpr int kSmallGroup = 4;
+
+template <typename T, typename weight_t, typename out_t, NormType kNorm, PreAdd kPre, int kVec,
+          int kThreadsPerRow>
+__global__ void norm_kernel(const NormParams<T, weight_t, out_t> p) {
+  using vec = vec_t<T, kVec>;
+  const int groups_per_block = kThreadsPerRow == 0 ? 1 : blockDim.x / kThreadsPerRow;
+  const int lane = kThreadsPerRow == 0 ? threadIdx.x : threadIdx.x % kThreadsPerRow;
+  const int threads = kThreadsPerRow == 0 ? blockDim.x : kThreadsPerRow;
+  const int64_t block_first_row = static_cast<int64_t>(blockIdx.x) * groups_per_block;
+  const int64_t row = block_first_row + threadIdx.x / threads;
+  const unsigned lanes_with_rows = row_group_mask<kThreadsPerRow>(
+      block_first_row + (threadIdx.x / kWarpSize) * (kWarpSize / (kThreadsPerRow == 0 ? kWarpSize : threads)),
+      p.num_rows);
+  // Whole row groups leave together (a block in block mode); shuffles then name only the lanes
+  // of groups that have a row.
+  if (row >= p.num_rows) return;
+
+  const T* x = p.x + p.x_rows.offset(row);
+  const T* res = kPre != PreAdd::kNone ? p.residual + p.residual_rows.offset(row) : nullptr;
+  const T* gate = kPre == PreAdd::kGated ? p.gate + p.gate_rows.offset(row) : nullptr;
+  T* h_out = p.h_out != nullptr ? p.h_out + p.h_rows.offset(row) : nullptr;
+  const int64_t num_vecs = p.hidden / kVec;
+  const int64_t tail_start = num_vecs * kVec;
+  const int64_t tail_col = tail_start + lane;
+  const bool has_tail = tail_col < p.hidden;  // the tail is < kVec <= 8 elements
+
+  // h for one element (the tail) and one vector, with the eager rounding of each op.
+  auto h_scalar = [&](int64_t col) -> float {
+    float h = to_float(x[col]);
+    if constexpr (kPre == PreAdd::kResidual) h = round_through<T>(h + to_float(res[col]));
+    if constexpr (kPre == PreAdd::kGated)
+      h = round_through<T>(h + round_through<T>(to_float(gate[col]) * to_float(res[col])));
+    return h;
+  };
+  // Loads vector v of h. Once pass 1 has stored h (h_out), later passes read it back from there:
+  // x and residual may be the outputs of an in-place call and already overwritten.
+  auto load_h = [&](int64_t v, bool stored) -> vec {
+    vec h;
+    if (kPre == PreAdd::kNone || (stored && h_out != nullptr)) {
+      h.load((kPre == PreAdd::kNone ? x : h_out) + v * kVec);
+      return h;
+    }
+    vec xv, rv;
+    xv.load(x + v * kVec);
+    rv.load(res + v * kVec);
+    if constexpr (kPre == PreAdd::kGated) {
+      vec gv;
+      gv.load(gate + v * kVec);
+#pragma unroll
+      for (int i = 0; i < kVec; ++i)
+        h[i] = from_float<T>(to_float(xv[i]) + round_through<T>(to_float(gv[i]) * to_float(rv[i])));
+    } else {
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) h[i] = from_float<T>(to_float(xv[i]) + to_float(rv[i]));
+    }
+    return h;
+  };
+
+  // Pass 1: h (stored to h_out when asked), kept in registers, and its sum (or sum of squares).
+  vec cached[kCachedVecs];
+#pragma unroll
+  for (int k = 0; k < kCachedVecs; ++k) {
+    const int64_t v = lane + static_cast<int64_t>(k) * threads;
+    if (v < num_vecs) cached[k] = load_h(v, false);
+  }
+  const float tail_h = has_tail ? h_scalar(tail_col) : 0.f;
+  if (h_out != nullptr) {
+#pragma unroll
+    for (int k = 0; k < kCachedVecs; ++k) {
+      const int64_t v = lane + static_cast<int64_t>(k) * threads;
+      if (v < num_vecs) cached[k].store(h_out + v * kVec);
+    }
+    if (has_tail) h_out[tail_col] = from_float<T>(tail_h);
+  }
+  auto stat_term = [](float h) { return kNorm == NormType::kRms ? h * h : h; };
+  float acc = has_tail ? stat_term(tail_h) : 0.f;
+#pragma unroll
+  for (int k = 0; k < kCachedVecs; ++k) {
+    const int64_t v = lane + static_cast<int64_t>(k) * threads;
+    if (v < num_vecs) {
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) acc += stat_term(to_float(cached[k][i]));
+    }
+  }
+  for (int64_t v = lane + static_cast<int64_t>(kCachedVecs) * threads; v < num_vecs; v += threads) {
+    const vec h = load_h(v, false);
+    if (h_out != nullptr) h.store(h_out + v * kVec);
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) acc += stat_term(to_float(h[i]));
+  }
+  acc = row_reduce_sum<kThreadsPerRow>(acc, lanes_with_rows);
+
+  const float inv_n = 1.f / static_cast<float>(p.hidden);
+  float mean = 0.f, inv_std;
+  if constexpr (kNorm == NormType::kRms) {
+    inv_std = rsqrtf(acc * inv_n + p.eps);
+  } else {
+    // Pass 2 (LayerNorm): variance around the mean from the cached values, two-pass for accuracy.
+    mean = acc * inv_n;
+    float m2 = 0.f;
+    if (has_tail) m2 = (tail_h - mean) * (tail_h - mean);
+#pragma unroll
+    for (int k = 0; k < kCachedVecs; ++k) {
+      const int64_t v = lane + static_cast<int64_t>(k) * threads;
+      if (v < num_vecs) {
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) {
+          const float d = to_float(cached[k][i]) - mean;
+          m2 += d * d;
+        }
+      }
+    }
+    for (int64_t v = lane + static_cast<int64_t>(kCachedVecs) * threads; v < num_vecs; v += threads) {
+      const vec h = load_h(v, true);
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) {
+        const float d = to_float(h[i]) - mean;
+        m2 += d * d;
+      }
+    }
+    if constexpr (kThreadsPerRow == 0) __syncthreads();  // block_reduce_sum's buffer is reused
+    m2 = row_reduce_sum<kThreadsPerRow>(m2, lanes_with_rows);
+    inv_std = rsqrtf(m2 * inv_n + p.eps);
+  }
+
+  // Last pass: normalize, affine, modulation, store.
+  const T* scale = p.scale != nullptr ? p.scale + p.scale_rows.offset(row) : nullptr;
+  const T* shift = p.shift != nullptr ? p.shift + p.shift_rows.offset(row) : nullptr;
+  out_t* out = p.out + p.out_rows.offset(row);
+  auto finish = [&](float h, float w, float b, float s, float sh) {
+    float y = (h - mean) * inv_std;
+    if constexpr (kNorm == NormType::kRms) {
+      if (p.round_normalized) y = round_through<T>(y);
+      y *= w;
+    } else {
+      y = y * w + b;
+    }
+    if (scale != nullptr) {  // n * (1 + scale) + shift, each op rounded as the eager code does
+      y = round_through<T>(round_through<T>(y) * round_through<T>(1.f + s));
+      if (shift != nullptr) y += sh;
+    }
+    return y;
+  };
+  auto store_vec = [&](const vec& h, int64_t v) {
+    float w[kVec], b[kVec], s[kVec], sh[kVec];
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) w[i] = 1.f, b[i] = 0.f, s[i] = 0.f, sh[i] = 0.f;
+    if (p.weight != nullptr) {
+      vec_t<weight_t, kVec> wv;
+      wv.load(p.weight + v * kVec);
+      wv.cast_to(w);
+    }
+    if (p.bias != nullptr) {
+      vec_t<weight_t, kVec> bv;
+      bv.load(p.bias + v * kVec);
+      bv.cast_to(b);
+    }
+    if (scale != nullptr) {
+      vec sv;
+      sv.load(scale + v * kVec);
+      sv.cast_to(s);
+    }
+    if (shift != nullptr) {
+      vec shv;
+      shv.load(shift + v * kVec);
+      shv.cast_to(sh);
+    }
+    vec_t<out_t, kVec> o;
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) o[i] = from_float<out_t>(finish(to_float(h[i]), w[i], b[i], s[i], sh[i]));
+    o.store(out + v * kVec);
+  };
+#pragma unroll
+  for (int k = 0; k < kCachedVecs; ++k) {
+    const int64_t v = lane + static_cast<int64_t>(k) * threads;
+    if (v < num_vecs) store_vec(cached[k], v);
+  }
+  for (int64_t v = lane + static_cast<int64_t>(kCachedVecs) * threads; v < num_vecs; v += threads)
+    store_vec(load_h(v, true), v);
+  if (has_tail) {
+    const int64_t c = tail_col;
+    out[c] = from_float<out_t>(finish(tail_h, p.weight ? to_float(p.weight[c]) : 1.f,
+                                      p.bias ? to_float(p.bias[c]) : 0.f, scale ? to_float(scale[c]) : 0.f,
+                                      shift ? to_float(shift[c]) : 0.f));
+  }
+}
+
+template <typename T, typename weight_t, typename out_t, NormType kNorm, PreAdd kPre, int kVec>
+cudaError_t launch(const NormParams<T, weight_t, out_t>& p, cudaStream_t stream) {
+  const int64_t num_vecs = p.hidden / kVec;
+  auto grid_for = [&](int rows_per_block) {
+    return dim3(static_cast<unsigned>((p.num_rows + rows_per_block - 1) / rows_per_block));
+  };
+  if (num_vecs <= static_cast<int64_t>(kSmallGroup) * kCachedVecs) {
+    norm_kernel<T, weight_t, out_t, kNorm, kPre, kVec, kSmallGroup>
+        <<<grid_for(kThreadsPerBlock / kSmallGroup), kThreadsPerBlock, 0, stream>>>(p);
+  } else if (num_vecs <= static_cast<int64_t>(kWarpSize) * kCachedVecs) {
+    norm_kernel<T, weight_t, out_t, kNorm, kPre, kVec, kWarpSize>
+        <<<grid_for(kThreadsPerBlock / kWarpSize), kThreadsPerBlock, 0, stream>>>(p);
+  } else {
+    // Enough threads that each keeps at most kCachedVecs vectors, rounded to whole warps, within
+    // what the kernel's register use allows per block (wider rows re-read their remainder).
+    auto kernel = norm_kernel<T, weight_t, out_t, kNorm, kPre, kVec, 0>;
+    static const int max_threads = [&] {
+      cudaFuncAttributes attr{};
+      return cudaFuncGetAttributes(&attr, kernel) == cudaSuccess ? attr.maxThreadsPerBlock : kThreadsPerBlock;
+    }();
+    const int64_t limit = std::min(kMaxThreads, max_threads / kWarpSize * kWarpSize);
+    const int64_t wanted = (num_vecs + kCachedVecs - 1) / kCachedVecs;
+    const int threads = static_cast<int>(std::min<int64_t>(limit, (wanted + kWarpSize - 1) / kWarpSize * kWarpSize));
+    kernel<<<grid_for(1), threads, 0, stream>>>(p);
+  }
+  return cudaGetLastError();
+}
+
+template <typename T, typename W, typename O>
+bool vectorizable(const NormParams<T, W, O>& p, int vec) {
+  auto ok = [&](const void* ptr, int bytes_per_vec, const RowIndexer* rows) {
+    if (ptr == nullptr) return true;
+    const int align = bytes_per_vec < kVecBytes ? bytes_per_vec : kVecBytes;
+    return reinterpret_cast<uintptr_t>(ptr) % align == 0 && (rows == nullptr || rows->rows_aligned_to(vec));
+  };
+  return ok(p.x, vec * sizeof(T), &p.x_rows) && ok(p.residual, vec * sizeof(T), &p.residual_rows) &&
+         ok(p.gate, vec * sizeof(T), &p.gate_rows) && ok(p.weight, vec * sizeof(W), nullptr) &&
+         ok(p.bias, vec * sizeof(W), nullptr) && ok(p.scale, vec * sizeof(T), &p.scale_rows) &&
+         ok(p.shift, vec * sizeof(T), &p.shift_rows) && ok(p.out, vec * sizeof(O), &p.out_rows) &&
+         ok(p.h_out, vec * sizeof(T), &p.h_rows);
+}
+
+}  // namespace norm_detail
+
+// Host launcher: 16-byte vectors when every pointer and row stride allows it, scalar otherwise.
+template <NormType kNorm, PreAdd kPre, typename T, typename weight_t, typename out_t>
+cudaError_t norm(const NormParams<T, weight_t, out_t>& p, cudaStream_t stream) {
+  if (p.num_rows == 0 || p.hidden == 0) return cudaSuccess;
+  constexpr int kVec = vec_size<T>();
+  return norm_detail::vectorizable(p, kVec) ? norm_detail::launch<T, weight_t, out_t, kNorm, kPre, kVec>(p, stream)
+                                            : norm_detail::launch<T, weight_t, out_t, kNorm, kPre, 1>(p, stream);
+}
+
+}  // namespace transformer_kernels

@@ -1,0 +1,55 @@
+"""Shared test helpers: inputs, poisoned outputs, error bounds against float64 and eager code."""
+
+import torch
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+# Unit roundoff of each dtype: the bound on one rounding's relative error.
+UNIT_ROUNDOFF = {torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
+# Share of elements of a half-precision output allowed to differ from the module's own eager code.
+# They differ only where an fp32 reduction, summed in another order, puts a value on the other
+# side of a rounding boundary: the share grows with the mantissa bits of the output dtype.
+# (An fp32 output differs in the last bits almost everywhere; only its error bound is checked.)
+MISMATCH_BUDGET = {torch.float16: 1e-2, torch.bfloat16: 2e-3}
+FP32_REL_TOL = 4e-6  # rsqrtf's error plus a different summation order, relative
+
+
+def random_input(shape, dtype, device="cuda", scale=2.0, offset=0.5):
+    """Fresh random values, never zeros, with a non-zero mean and a spread of magnitudes."""
+    return (torch.randn(shape, device=device, dtype=torch.float32) * scale + offset).to(dtype)
+
+
+def poisoned(shape, dtype, device="cuda"):
+    return torch.full(shape, float("nan"), dtype=dtype, device=device)
+
+
+def assert_all_written(*tensors):
+    for t in tensors:
+        assert not t.isnan().any(), "some outputs were not written (NaN poison left)"
+
+
+def assert_within(out, ref64, magnitude, ulps, what=""):
+    """|out - ref| <= ulps * u(out.dtype) * magnitude + fp32 slack, elementwise.
+
+    `magnitude` bounds the size of the terms that were rounded (|ref| for a product chain; the
+    sum of the terms' magnitudes where a sum can cancel)."""
+    u = UNIT_ROUNDOFF[out.dtype]
+    err = (out.double() - ref64).abs()
+    bound = (ulps * u + FP32_REL_TOL) * magnitude + 1e-6
+    worst = (err - bound).max().item() if err.numel() else 0.0
+    assert worst <= 0, f"{what}: max error {err.max().item():.3g} exceeds the bound by {worst:.3g}"
+
+
+def mismatch_vs_eager(ours, eager, magnitude, ulps):
+    """Share of elements that differ from eager code; fails if any differs by more than `ulps`
+    units of `magnitude` (in the output dtype) plus fp32 slack."""
+    assert ours.dtype == eager.dtype, f"dtype {ours.dtype} differs from the module's {eager.dtype}"
+    diff = (ours.double() - eager.double()).abs()
+    bound = (ulps * UNIT_ROUNDOFF[ours.dtype] + FP32_REL_TOL) * magnitude + 1e-30
+    worst = (diff - bound).max().item() if diff.numel() else 0.0
+    assert worst <= 0, f"difference from eager above {ulps} ulp: max {diff.max().item()}"
+    return (ours != eager).double().mean().item()
+
+
+def assert_matches_eager(ours, eager, magnitude, ulps=2):
+    share = mismatch_vs_eager(ours, eager, magnitude, ulps)
+    assert share <= MISMATCH_BUDGET.get(ours.dtype, 1.0), f"{share:.2%} of the elements differ from eager"
