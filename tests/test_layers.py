@@ -5,6 +5,7 @@ import torch
 from kernels import LayerRepository, Mode, kernelize, use_kernel_forward_from_hub, use_kernel_mapping
 
 from conftest import REPO_ID
+from helpers import assert_matches_eager
 from reference.norms import diffusers_rms_norm, hf_rms_norm
 
 # revision="v1" is the branch `version=1` names; kernels 0.17 resolves version= on the Hub even
@@ -79,9 +80,9 @@ def test_kernelized_output_matches_module(tk, name):
         kernelize(module, mode=Mode.INFERENCE, device="cuda", use_fallback=False)
     out = module(x)
     assert out.dtype == expected.dtype and out.shape == expected.shape
-    mismatch = (out != expected).float().mean().item()
-    torch.testing.assert_close(out, expected, rtol=2**-7, atol=1e-6)
-    assert mismatch <= 2e-3, f"{mismatch:.2%} of the elements differ from the module's output"
+    # Equal except where a differently ordered fp32 sum lands a value across a rounding boundary
+    # (two roundings: up to 2 ulp).
+    assert_matches_eager(out, expected, expected.double().abs(), 4)
 
 
 @pytest.mark.gpu

@@ -93,10 +93,14 @@ def test_layer_norm(tk, hidden, dtype, affine):
     assert tk.layer_norm(x, w, b, 1e-5, out=out) is out
     assert_all_written(out)
     ref = float64_norm(x, "layer", w, b, 1e-5)
-    magnitude = float64_norm(x, "layer", w, None, 1e-5).abs() + (b.double().abs() if b is not None else 0)
+    # LayerNorm's error is absolute at the scale of its unit-variance output (the mean's rounding
+    # shifts every element), so the magnitude has a floor of |weight|.
+    w_abs = w.double().abs() if w is not None else 1.0
+    magnitude = (float64_norm(x, "layer", None, None, 1e-5).abs() + 1) * w_abs + (b.double().abs() if b is not None else 0)
     assert_within(out, ref, magnitude, 1.5, "layer_norm vs float64")
-    eager = torch_layer_norm(x, w, b, 1e-5)
-    assert_matches_eager(out, eager, magnitude, 2)
+    if not (dtype == torch.float16 and affine == "fp32"):  # eager torch rejects fp16 x with fp32 params
+        eager = torch_layer_norm(x, w, b, 1e-5)
+        assert_matches_eager(out, eager, magnitude, 2)
     assert torch.equal(tk.layer_norm(x, w, b, 1e-5), out)
 
 

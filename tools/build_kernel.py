@@ -250,7 +250,9 @@ def build(archs_spec: str = "all", jobs: int | None = None, root: Path = ROOT, v
     gen.mkdir(parents=True, exist_ok=True)
     sources = [root / s for s in cfg.sources if Path(s).suffix in SOURCE_SUFFIXES]
     binding_sources = [root / s for s in cfg.binding_sources if Path(s).suffix in SOURCE_SUFFIXES]
-    cuda_flags = " ".join(f for k in cfg.kernels.values() for f in k.get("cuda-flags", []))
+    # build.toml's cuda-flags, plus TK_CUDA_FLAGS for local tuning experiments (never for releases)
+    cuda_flags = " ".join([f for k in cfg.kernels.values() for f in k.get("cuda-flags", [])]
+                          + os.environ.get("TK_CUDA_FLAGS", "").split())
     write_if_changed(gen / "CMakeLists.txt", render("CMakeLists.txt.in", {
         "PYTHON_NAME": cfg.python_name,
         "OPS_NAME": ops_name,

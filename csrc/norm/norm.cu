@@ -123,7 +123,7 @@ RowIndexer rows_of(const char* op, const at::Tensor& t, const char* name, const 
   return row_indexer(op, t.dim() == x.dim() && t.sizes() == x.sizes() ? t : t.expand(x.sizes()), name);
 }
 
-template <NormType kNorm, PreAdd kPre, typename T, typename W, typename O>
+template <NormType kNorm, PreAdd kPre, bool kMod, typename T, typename W, typename O>
 void run(const NormCall& c) {
   const at::Tensor& x = *c.x;
   NormParams<T, W, O> p;
@@ -157,13 +157,13 @@ void run(const NormCall& c) {
   p.hidden = x.size(-1);
   p.eps = static_cast<float>(c.eps);
   p.round_normalized = c.round_normalized;
-  const cudaError_t err = norm<kNorm, kPre>(p, at::cuda::getCurrentCUDAStream());
+  const cudaError_t err = norm<kNorm, kPre, kMod>(p, at::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, c.op, ": kernel launch failed: ", cudaGetErrorString(err));
 }
 
 // Picks the kernel instantiation: dtypes (x; weight = x's or fp32; out = x's or fp32), norm and
 // pre-add. Only the combinations the ops produce are instantiated.
-template <NormType kNorm, PreAdd kPre>
+template <NormType kNorm, PreAdd kPre, bool kMod>
 void dispatch_dtypes(const NormCall& c) {
   const bool weight_f32 = (*c.weight && (*c.weight)->scalar_type() == at::kFloat) ||
                           (*c.bias && (*c.bias)->scalar_type() == at::kFloat);
@@ -171,35 +171,33 @@ void dispatch_dtypes(const NormCall& c) {
   dispatch_float_dtype(c.x->scalar_type(), "x", [&](auto tag) {
     using T = typename decltype(tag)::type;
     if constexpr (std::is_same_v<T, float>) {
-      run<kNorm, kPre, float, float, float>(c);
+      run<kNorm, kPre, kMod, float, float, float>(c);
     } else {
       if (!weight_f32) {
-        run<kNorm, kPre, T, T, T>(c);
+        run<kNorm, kPre, kMod, T, T, T>(c);
       } else if (!out_f32) {
-        run<kNorm, kPre, T, float, T>(c);
-      } else if constexpr (kNorm == NormType::kRms) {  // HF/diffusers rounding with an fp32 weight
-        run<kNorm, kPre, T, float, float>(c);
+        run<kNorm, kPre, kMod, T, float, T>(c);
+      } else if constexpr (kNorm == NormType::kRms && !kMod) {  // HF/diffusers rounding, fp32 weight
+        run<kNorm, kPre, kMod, T, float, float>(c);
       }
     }
   });
 }
 
+// The (norm, pre-add, modulation) combinations the ops use; nothing else is instantiated.
 void launch(const NormCall& c) {
   const at::cuda::OptionalCUDAGuard device_guard(c.x->device());
-  if (c.type == NormType::kRms) {
-    switch (c.pre) {
-      case PreAdd::kNone: return dispatch_dtypes<NormType::kRms, PreAdd::kNone>(c);
-      case PreAdd::kResidual: return dispatch_dtypes<NormType::kRms, PreAdd::kResidual>(c);
-      case PreAdd::kGated: return dispatch_dtypes<NormType::kRms, PreAdd::kGated>(c);
-    }
-  } else {
-    switch (c.pre) {
-      case PreAdd::kNone: return dispatch_dtypes<NormType::kLayer, PreAdd::kNone>(c);
-      case PreAdd::kGated: return dispatch_dtypes<NormType::kLayer, PreAdd::kGated>(c);
-      case PreAdd::kResidual: break;
-    }
-  }
-  TORCH_CHECK(false, c.op, ": unsupported norm/pre-add combination");
+  const bool mod = c.scale != nullptr;
+  using N = NormType;
+  using P = PreAdd;
+  if (c.type == N::kRms && c.pre == P::kNone && !mod) return dispatch_dtypes<N::kRms, P::kNone, false>(c);
+  if (c.type == N::kRms && c.pre == P::kNone && mod) return dispatch_dtypes<N::kRms, P::kNone, true>(c);
+  if (c.type == N::kRms && c.pre == P::kResidual && !mod) return dispatch_dtypes<N::kRms, P::kResidual, false>(c);
+  if (c.type == N::kRms && c.pre == P::kGated && mod) return dispatch_dtypes<N::kRms, P::kGated, true>(c);
+  if (c.type == N::kLayer && c.pre == P::kNone && !mod) return dispatch_dtypes<N::kLayer, P::kNone, false>(c);
+  if (c.type == N::kLayer && c.pre == P::kNone && mod) return dispatch_dtypes<N::kLayer, P::kNone, true>(c);
+  if (c.type == N::kLayer && c.pre == P::kGated && mod) return dispatch_dtypes<N::kLayer, P::kGated, true>(c);
+  TORCH_CHECK(false, c.op, ": unsupported norm/pre-add/modulation combination");
 }
 
 at::Tensor empty_like_rows(const at::Tensor& x, c10::ScalarType dtype) {

@@ -55,8 +55,18 @@ struct NormParams {
 namespace norm_detail {
 
 // Vectors each thread keeps in registers across the passes, so inputs are read from memory once.
-// Rows wider than threads * kCachedVecs vectors re-read the rest (from L2: the row was just read).
+// Rows wider than threads * cached vectors re-read the rest (from L2: the row was just read).
+// What bounds a memory-bound kernel is the bytes in flight per SM, and they live in registers:
+// a block per row keeps 8 vectors (128 bytes) per thread, so a larger share of the register file
+// holds loaded data (measured: 4 vectors at 64 registers reached 72 % of copy, see NOTES.md);
+// row groups keep 4.
 constexpr int kCachedVecs = 4;
+#ifndef TK_BLOCK_CACHED_VECS  // tuning knob: TK_CUDA_FLAGS=-DTK_BLOCK_CACHED_VECS=4 python tools/build_kernel.py
+#define TK_BLOCK_CACHED_VECS 8
+#endif
+constexpr int kBlockCachedVecs = TK_BLOCK_CACHED_VECS;
+template <int kThreadsPerRow>
+constexpr int cached_vecs() { return kThreadsPerRow == 0 ? kBlockCachedVecs : kCachedVecs; }
 constexpr int kMaxThreads = 1024;
 constexpr int kThreadsPerBlock = 256;  // for the row-group modes (several rows per block)
 // Row-group widths: kSmallGroup lanes for rows of <= kSmallGroup * kCachedVecs vectors (head-dim
@@ -64,15 +74,19 @@ constexpr int kThreadsPerBlock = 256;  // for the row-group modes (several rows 
 // a whole block beyond.
 constexpr int kSmallGroup = 4;
 
-template <typename T, typename weight_t, typename out_t, NormType kNorm, PreAdd kPre, int kVec,
+// kMod: AdaLN modulation (scale, optional shift). Features an op does not use are compiled out
+// (bias for RMSNorm, h_out without a pre-add, the modulation): each costs registers, and fewer
+// registers keep more rows in flight per SM.
+template <typename T, typename weight_t, typename out_t, NormType kNorm, PreAdd kPre, bool kMod, int kVec,
           int kThreadsPerRow>
 __global__ void norm_kernel(const NormParams<T, weight_t, out_t> p) {
   using vec = vec_t<T, kVec>;
+  constexpr int kCachedVecs = cached_vecs<kThreadsPerRow>();
   const int groups_per_block = kThreadsPerRow == 0 ? 1 : blockDim.x / kThreadsPerRow;
   const int lane = kThreadsPerRow == 0 ? threadIdx.x : threadIdx.x % kThreadsPerRow;
   const int threads = kThreadsPerRow == 0 ? blockDim.x : kThreadsPerRow;
   const int64_t block_first_row = static_cast<int64_t>(blockIdx.x) * groups_per_block;
-  const int64_t row = block_first_row + threadIdx.x / threads;
+  const int64_t row = kThreadsPerRow == 0 ? block_first_row : block_first_row + threadIdx.x / kThreadsPerRow;
   const unsigned lanes_with_rows = row_group_mask<kThreadsPerRow>(
       block_first_row + (threadIdx.x / kWarpSize) * (kWarpSize / (kThreadsPerRow == 0 ? kWarpSize : threads)),
       p.num_rows);
@@ -81,9 +95,10 @@ __global__ void norm_kernel(const NormParams<T, weight_t, out_t> p) {
   if (row >= p.num_rows) return;
 
   const T* x = p.x + p.x_rows.offset(row);
+  out_t* out = p.out + p.out_rows.offset(row);
   const T* res = kPre != PreAdd::kNone ? p.residual + p.residual_rows.offset(row) : nullptr;
   const T* gate = kPre == PreAdd::kGated ? p.gate + p.gate_rows.offset(row) : nullptr;
-  T* h_out = p.h_out != nullptr ? p.h_out + p.h_rows.offset(row) : nullptr;
+  T* h_out = kPre != PreAdd::kNone && p.h_out != nullptr ? p.h_out + p.h_rows.offset(row) : nullptr;
   const int64_t num_vecs = p.hidden / kVec;
   const int64_t tail_start = num_vecs * kVec;
   const int64_t tail_col = tail_start + lane;
@@ -189,9 +204,8 @@ __global__ void norm_kernel(const NormParams<T, weight_t, out_t> p) {
   }
 
   // Last pass: normalize, affine, modulation, store.
-  const T* scale = p.scale != nullptr ? p.scale + p.scale_rows.offset(row) : nullptr;
-  const T* shift = p.shift != nullptr ? p.shift + p.shift_rows.offset(row) : nullptr;
-  out_t* out = p.out + p.out_rows.offset(row);
+  const T* scale = kMod ? p.scale + p.scale_rows.offset(row) : nullptr;
+  const T* shift = kMod && p.shift != nullptr ? p.shift + p.shift_rows.offset(row) : nullptr;
   auto finish = [&](float h, float w, float b, float s, float sh) {
     float y = (h - mean) * inv_std;
     if constexpr (kNorm == NormType::kRms) {
@@ -200,7 +214,7 @@ __global__ void norm_kernel(const NormParams<T, weight_t, out_t> p) {
     } else {
       y = y * w + b;
     }
-    if (scale != nullptr) {  // n * (1 + scale) + shift, each op rounded as the eager code does
+    if constexpr (kMod) {  // n * (1 + scale) + shift, each op rounded as the eager code does
       y = round_through<T>(round_through<T>(y) * round_through<T>(1.f + s));
       if (shift != nullptr) y += sh;
     }
@@ -215,20 +229,20 @@ __global__ void norm_kernel(const NormParams<T, weight_t, out_t> p) {
       wv.load(p.weight + v * kVec);
       wv.cast_to(w);
     }
-    if (p.bias != nullptr) {
+    if (kNorm == NormType::kLayer && p.bias != nullptr) {
       vec_t<weight_t, kVec> bv;
       bv.load(p.bias + v * kVec);
       bv.cast_to(b);
     }
-    if (scale != nullptr) {
+    if constexpr (kMod) {
       vec sv;
       sv.load(scale + v * kVec);
       sv.cast_to(s);
-    }
-    if (shift != nullptr) {
-      vec shv;
-      shv.load(shift + v * kVec);
-      shv.cast_to(sh);
+      if (shift != nullptr) {
+        vec shv;
+        shv.load(shift + v * kVec);
+        shv.cast_to(sh);
+      }
     }
     vec_t<out_t, kVec> o;
 #pragma unroll
@@ -245,33 +259,33 @@ __global__ void norm_kernel(const NormParams<T, weight_t, out_t> p) {
   if (has_tail) {
     const int64_t c = tail_col;
     out[c] = from_float<out_t>(finish(tail_h, p.weight ? to_float(p.weight[c]) : 1.f,
-                                      p.bias ? to_float(p.bias[c]) : 0.f, scale ? to_float(scale[c]) : 0.f,
-                                      shift ? to_float(shift[c]) : 0.f));
+                                      kNorm == NormType::kLayer && p.bias ? to_float(p.bias[c]) : 0.f,
+                                      kMod ? to_float(scale[c]) : 0.f, kMod && shift ? to_float(shift[c]) : 0.f));
   }
 }
 
-template <typename T, typename weight_t, typename out_t, NormType kNorm, PreAdd kPre, int kVec>
+template <typename T, typename weight_t, typename out_t, NormType kNorm, PreAdd kPre, bool kMod, int kVec>
 cudaError_t launch(const NormParams<T, weight_t, out_t>& p, cudaStream_t stream) {
   const int64_t num_vecs = p.hidden / kVec;
   auto grid_for = [&](int rows_per_block) {
     return dim3(static_cast<unsigned>((p.num_rows + rows_per_block - 1) / rows_per_block));
   };
   if (num_vecs <= static_cast<int64_t>(kSmallGroup) * kCachedVecs) {
-    norm_kernel<T, weight_t, out_t, kNorm, kPre, kVec, kSmallGroup>
+    norm_kernel<T, weight_t, out_t, kNorm, kPre, kMod, kVec, kSmallGroup>
         <<<grid_for(kThreadsPerBlock / kSmallGroup), kThreadsPerBlock, 0, stream>>>(p);
   } else if (num_vecs <= static_cast<int64_t>(kWarpSize) * kCachedVecs) {
-    norm_kernel<T, weight_t, out_t, kNorm, kPre, kVec, kWarpSize>
+    norm_kernel<T, weight_t, out_t, kNorm, kPre, kMod, kVec, kWarpSize>
         <<<grid_for(kThreadsPerBlock / kWarpSize), kThreadsPerBlock, 0, stream>>>(p);
   } else {
-    // Enough threads that each keeps at most kCachedVecs vectors, rounded to whole warps, within
+    // Enough threads that each keeps at most kBlockCachedVecs vectors, rounded to whole warps, within
     // what the kernel's register use allows per block (wider rows re-read their remainder).
-    auto kernel = norm_kernel<T, weight_t, out_t, kNorm, kPre, kVec, 0>;
+    auto kernel = norm_kernel<T, weight_t, out_t, kNorm, kPre, kMod, kVec, 0>;
     static const int max_threads = [&] {
       cudaFuncAttributes attr{};
       return cudaFuncGetAttributes(&attr, kernel) == cudaSuccess ? attr.maxThreadsPerBlock : kThreadsPerBlock;
     }();
     const int64_t limit = std::min(kMaxThreads, max_threads / kWarpSize * kWarpSize);
-    const int64_t wanted = (num_vecs + kCachedVecs - 1) / kCachedVecs;
+    const int64_t wanted = (num_vecs + kBlockCachedVecs - 1) / kBlockCachedVecs;
     const int threads = static_cast<int>(std::min<int64_t>(limit, (wanted + kWarpSize - 1) / kWarpSize * kWarpSize));
     kernel<<<grid_for(1), threads, 0, stream>>>(p);
   }
@@ -295,12 +309,14 @@ bool vectorizable(const NormParams<T, W, O>& p, int vec) {
 }  // namespace norm_detail
 
 // Host launcher: 16-byte vectors when every pointer and row stride allows it, scalar otherwise.
-template <NormType kNorm, PreAdd kPre, typename T, typename weight_t, typename out_t>
+// kMod requires p.scale (p.shift optional); without kMod scale and shift are ignored.
+template <NormType kNorm, PreAdd kPre, bool kMod, typename T, typename weight_t, typename out_t>
 cudaError_t norm(const NormParams<T, weight_t, out_t>& p, cudaStream_t stream) {
   if (p.num_rows == 0 || p.hidden == 0) return cudaSuccess;
   constexpr int kVec = vec_size<T>();
-  return norm_detail::vectorizable(p, kVec) ? norm_detail::launch<T, weight_t, out_t, kNorm, kPre, kVec>(p, stream)
-                                            : norm_detail::launch<T, weight_t, out_t, kNorm, kPre, 1>(p, stream);
+  return norm_detail::vectorizable(p, kVec)
+             ? norm_detail::launch<T, weight_t, out_t, kNorm, kPre, kMod, kVec>(p, stream)
+             : norm_detail::launch<T, weight_t, out_t, kNorm, kPre, kMod, 1>(p, stream);
 }
 
 }  // namespace transformer_kernels
