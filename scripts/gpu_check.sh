@@ -21,7 +21,7 @@ fi
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$RESULTS_DIR/gpu.txt"
 time "$PYTHON" tools/build_kernel.py --archs native
 set +e
-time "$PYTHON" -m pytest -v --tb=short -p no:cacheprovider --maxfail=40 2>&1 | tee "$RESULTS_DIR/tests.log"
+time "$PYTHON" -m pytest -v --tb=short -p no:cacheprovider --maxfail=200 2>&1 | tee "$RESULTS_DIR/tests.log"
 tests_rc=${PIPESTATUS[0]}
 set -e
 time "$PYTHON" benchmarks/bench_micro.py --out "$RESULTS_DIR" "${@:2}"
