@@ -52,53 +52,18 @@ def compiled(fn: Callable) -> Callable:
     return torch.compile(fn, dynamic=False)
 
 
+def with_baselines(ours: Callable, eager: Callable, args: tuple, eager_name: str = "eager",
+                   liger: Callable | None = None, liger_args: tuple = ()) -> dict[str, Callable]:
+    """The implementations one case times: ours, the eager code, its torch.compile, and Liger."""
+    compiled_eager = compiled(eager)
+    impls = {"ours": ours, eager_name: lambda: eager(*args), "compile": lambda: compiled_eager(*args)}
+    if liger is not None:
+        impls["liger"] = lambda: liger(*liger_args)
+    return impls
+
+
 def nbytes(*tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if t is not None)
-
-
-def eager_llama_rms_norm(hidden: int, dtype: torch.dtype, eps: float) -> tuple[str, Callable]:
-    """transformers' own LlamaRMSNorm when installed, else its verbatim copy in reference/."""
-    try:
-        from transformers.models.llama.modeling_llama import LlamaRMSNorm
-    except ImportError:
-        return "eager", lambda x, w: hf_rms_norm(x, w, eps)
-    module = LlamaRMSNorm(hidden, eps=eps).to("cuda", dtype)
-    return "eager", lambda x, w: module(x)
-
-
-def liger_rms_norm() -> Callable | None:
-    try:
-        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
-    except ImportError:
-        return None
-    # Liger's "llama" casting mode is the HF rounding (normalize in fp32, cast, then weight).
-    return lambda x, w, eps: LigerRMSNormFunction.apply(x, w, eps, 0.0, "llama")
-
-
-def rms_norm_case(tk, rows: int, hidden: int, dtype: torch.dtype, note: str) -> Case:
-    eps = 1e-6
-    x = torch.randn(rows, hidden, device="cuda", dtype=dtype)
-    w = (torch.rand(hidden, device="cuda") + 0.5).to(dtype)
-    _, eager = eager_llama_rms_norm(hidden, dtype, eps)
-    compiled_eager = compiled(lambda x, w: hf_rms_norm(x, w, eps))
-    impls = {
-        "ours": lambda: tk.rms_norm(x, w, eps),
-        "eager": lambda: eager(x, w),
-        "native": lambda: F.rms_norm(x, (hidden,), w, eps),
-        "compile": lambda: compiled_eager(x, w),
-    }
-    liger = liger_rms_norm()
-    if liger is not None:
-        impls["liger"] = lambda: liger(x, w, eps)
-    nbytes = 2 * x.numel() * x.element_size() + w.numel() * w.element_size()
-    return Case("rms_norm", f"{rows}x{hidden}", DTYPE_NAMES[dtype], nbytes, impls, latency=rows <= 4, note=note)
-
-
-def rms_norm_cases(tk, quick: bool) -> Iterator[Case]:
-    configs = [(r, h, torch.bfloat16, note) for r, h, note in RMS_NORM_SHAPES if not quick or (r, h) in RMS_NORM_QUICK]
-    configs += [(*EXTRA_DTYPES_SHAPE, dt, "dtype sweep") for dt in (torch.float16, torch.float32)]
-    for rows, hidden, dtype, note in configs:
-        yield rms_norm_case(tk, rows, hidden, dtype, note)
 
 
 def liger_fn(module: str, name: str) -> Callable | None:
@@ -106,6 +71,35 @@ def liger_fn(module: str, name: str) -> Callable | None:
         return getattr(__import__(f"liger_kernel.ops.{module}", fromlist=[name]), name).apply
     except (ImportError, AttributeError):
         return None
+
+
+def eager_llama_rms_norm(hidden: int, dtype: torch.dtype, eps: float) -> Callable:
+    """transformers' own LlamaRMSNorm when installed, else its verbatim copy in reference/."""
+    try:
+        from transformers.models.llama.modeling_llama import LlamaRMSNorm
+    except ImportError:
+        return lambda x, w: hf_rms_norm(x, w, eps)
+    module = LlamaRMSNorm(hidden, eps=eps).to("cuda", dtype)
+    return lambda x, w: module(x)
+
+
+def rms_norm_case(tk, rows: int, hidden: int, dtype: torch.dtype, note: str) -> Case:
+    eps = 1e-6
+    x = torch.randn(rows, hidden, device="cuda", dtype=dtype)
+    w = (torch.rand(hidden, device="cuda") + 0.5).to(dtype)
+    # Liger's "llama" casting mode is the HF rounding (normalize in fp32, cast, then weight).
+    impls = with_baselines(lambda: tk.rms_norm(x, w, eps), eager_llama_rms_norm(hidden, dtype, eps), (x, w),
+                           liger=liger_fn("rms_norm", "LigerRMSNormFunction"), liger_args=(x, w, eps, 0.0, "llama"))
+    impls["native"] = lambda: F.rms_norm(x, (hidden,), w, eps)
+    return Case("rms_norm", f"{rows}x{hidden}", DTYPE_NAMES[dtype], 2 * nbytes(x) + nbytes(w), impls,
+                latency=rows <= 4, note=note)
+
+
+def rms_norm_cases(tk, quick: bool) -> Iterator[Case]:
+    configs = [(r, h, torch.bfloat16, note) for r, h, note in RMS_NORM_SHAPES if not quick or (r, h) in RMS_NORM_QUICK]
+    configs += [(*EXTRA_DTYPES_SHAPE, dt, "dtype sweep") for dt in (torch.float16, torch.float32)]
+    for rows, hidden, dtype, note in configs:
+        yield rms_norm_case(tk, rows, hidden, dtype, note)
 
 
 # (rows, hidden, where the shape comes from)
@@ -126,14 +120,9 @@ def fused_add_rms_norm_cases(tk, quick: bool) -> Iterator[Case]:
         x = torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16)
         r = torch.randn_like(x)
         w = (torch.rand(hidden, device="cuda") + 0.5).to(torch.bfloat16)
-        compiled_eager = compiled(lambda x, r, w: hf_fused_add_rms_norm(x, r, w, eps))
-        impls = {
-            "ours": lambda: tk.fused_add_rms_norm(x, r, w, eps),
-            "eager": lambda: hf_fused_add_rms_norm(x, r, w, eps),
-            "compile": lambda: compiled_eager(x, r, w),
-        }
-        if liger is not None:
-            impls["liger"] = lambda: liger(x, r, w, eps)
+        impls = with_baselines(lambda: tk.fused_add_rms_norm(x, r, w, eps),
+                               lambda x, r, w: hf_fused_add_rms_norm(x, r, w, eps), (x, r, w),
+                               liger=liger, liger_args=(x, r, w, eps))
         yield Case("fused_add_rms_norm", f"{rows}x{hidden}", "bfloat16", 4 * nbytes(x) + nbytes(w), impls,
                    latency=rows <= 4, note=note)
 
@@ -145,14 +134,8 @@ def layer_norm_cases(tk, quick: bool) -> Iterator[Case]:
         x = torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16)
         w = (torch.rand(hidden, device="cuda") + 0.5).to(torch.bfloat16)
         b = (torch.rand(hidden, device="cuda") - 0.5).to(torch.bfloat16)
-        compiled_eager = compiled(lambda x, w, b: torch_layer_norm(x, w, b, eps))
-        impls = {
-            "ours": lambda: tk.layer_norm(x, w, b, eps),
-            "native": lambda: torch_layer_norm(x, w, b, eps),
-            "compile": lambda: compiled_eager(x, w, b),
-        }
-        if liger is not None:
-            impls["liger"] = lambda: liger(x, w, b, eps)
+        impls = with_baselines(lambda: tk.layer_norm(x, w, b, eps), lambda x, w, b: torch_layer_norm(x, w, b, eps),
+                               (x, w, b), eager_name="native", liger=liger, liger_args=(x, w, b, eps))
         yield Case("layer_norm", f"{rows}x{hidden}", "bfloat16", 2 * nbytes(x) + nbytes(w, b), impls, note=note)
 
 
@@ -163,19 +146,15 @@ def modulate_cases(tk, quick: bool) -> Iterator[Case]:
         x = torch.randn(B, S, D, device="cuda", dtype=torch.bfloat16)
         y = torch.randn_like(x)
         scale, shift, gate = (torch.randn(B, 1, D, device="cuda", dtype=torch.bfloat16) * 0.3 for _ in range(3))
-        compiled_mod = compiled(lambda x, s, sh: diffusers_norm_modulate(x, s, sh, norm, eps=eps))
-        yield Case(f"norm_modulate ({norm})", f"{B}x{S}x{D}", "bfloat16", 2 * nbytes(x) + nbytes(scale, shift), {
-            "ours": lambda: tk.norm_modulate(x, scale, shift, norm=norm, eps=eps),
-            "eager": lambda: diffusers_norm_modulate(x, scale, shift, norm, eps=eps),
-            "compile": lambda: compiled_mod(x, scale, shift),
-        }, note=note)
-        compiled_gated = compiled(lambda x, y, g, s, sh: ltx_gated_add_norm_modulate(x, y, g, s, sh, norm, eps=eps))
+        yield Case(f"norm_modulate ({norm})", f"{B}x{S}x{D}", "bfloat16", 2 * nbytes(x) + nbytes(scale, shift),
+                   with_baselines(lambda: tk.norm_modulate(x, scale, shift, norm=norm, eps=eps),
+                                  lambda x, s, sh: diffusers_norm_modulate(x, s, sh, norm, eps=eps),
+                                  (x, scale, shift)), note=note)
         yield Case(f"gated_add_norm_modulate ({norm})", f"{B}x{S}x{D}", "bfloat16",
-                   4 * nbytes(x) + nbytes(scale, shift, gate), {
-            "ours": lambda: tk.gated_add_norm_modulate(x, y, gate, scale, shift, norm=norm, eps=eps),
-            "eager": lambda: ltx_gated_add_norm_modulate(x, y, gate, scale, shift, norm, eps=eps),
-            "compile": lambda: compiled_gated(x, y, gate, scale, shift),
-        }, note=note)
+                   4 * nbytes(x) + nbytes(scale, shift, gate),
+                   with_baselines(lambda: tk.gated_add_norm_modulate(x, y, gate, scale, shift, norm=norm, eps=eps),
+                                  lambda x, y, g, s, sh: ltx_gated_add_norm_modulate(x, y, g, s, sh, norm, eps=eps),
+                                  (x, y, gate, scale, shift)), note=note)
 
 
 OPS = {"rms_norm": rms_norm_cases, "fused_add_rms_norm": fused_add_rms_norm_cases, "layer_norm": layer_norm_cases,
