@@ -62,7 +62,8 @@ def test_loads_through_get_local_kernel_and_local_kernels(tk, variant_dir):
     assert tk.__name__ == meta["id"]
     for op in ("rms_norm", "rms_norm_out", "fused_add_rms_norm", "fused_add_rms_norm_out", "fused_add_rms_norm_",
                "layer_norm", "layer_norm_out", "norm_modulate", "norm_modulate_out", "gated_add_norm_modulate",
-               "gated_add_norm_modulate_out"):
+               "gated_add_norm_modulate_out", "activation", "activation_out", "act_and_mul", "act_and_mul_out",
+               "act_mul", "act_mul_out", "gated_add", "gated_add_out"):
         assert hasattr(getattr(torch.ops, meta["id"]), op)
     assert tk.add_op_namespace_prefix("rms_norm") == f"{meta['id']}::rms_norm"
     assert set(tk.__all__) >= {"rms_norm", "layers", "ops"}
@@ -97,6 +98,11 @@ def test_every_op_traces_on_meta(tk):
     assert h.shape == out.shape == x.shape
     with pytest.raises(Exception, match="norm must be one of"):
         tk.norm_modulate(x, s, s, norm="group")
+    assert tk.silu(x).shape == x.shape and tk.gelu(x, "tanh").dtype == torch.bfloat16
+    assert tk.silu_and_mul(x).shape == (2, 9, 128) and tk.geglu(x).shape == (2, 9, 128)
+    assert tk.act_mul(x, r, "gelu").shape == x.shape and tk.gated_add(x, r, s).shape == x.shape
+    with pytest.raises(Exception, match="last dimension must be even"):
+        tk.silu_and_mul(torch.empty(3, 7, device="meta"))
 
 
 def test_fake_impl_rejects_bad_out(tk):
@@ -119,6 +125,15 @@ def test_layers_follow_hub_rules(tk):
     _validate_layer(check_cls=torch.nn.RMSNorm, cls=tk.layers.RMSNorm, repo=REPO_ID)
     _validate_layer(check_cls=torch.nn.LayerNorm, cls=tk.layers.LayerNorm, repo=REPO_ID)
     assert tk.layers.RMSNorm.can_torch_compile and tk.layers.LayerNorm.can_torch_compile
+
+    class HostActivation(torch.nn.Module):  # the forward signature of transformers' activations
+        def forward(self, input):
+            return input
+
+    for name in ("Silu", "Gelu", "GeluTanh", "SiluAndMul", "GeluAndMul", "GeluTanhAndMul"):
+        layer = getattr(tk.layers, name)
+        _validate_layer(check_cls=HostActivation, cls=layer, repo=REPO_ID)
+        assert layer.can_torch_compile
 
 
 def test_python_abi3_compliance(variant_dir):

@@ -33,6 +33,20 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   ops.def("gated_add_norm_modulate_out(Tensor! h_out, Tensor! out, Tensor x, Tensor y, Tensor gate, Tensor scale,"
           " Tensor? shift, Tensor? weight, Tensor? bias, float eps, str norm) -> ()");
 
+  // act(x), act "silu" | "gelu" | "gelu_tanh", as F.silu / F.gelu compute it.
+  ops.def("activation(Tensor x, str act) -> Tensor");
+  ops.def("activation_out(Tensor! out, Tensor x, str act) -> ()");
+  // Gated linear unit on a concatenated projection [..., 2H] -> [..., H]: act(first) * second
+  // (vLLM's silu_and_mul) or first * act(second) (diffusers' GEGLU order), rounding as eager.
+  ops.def("act_and_mul(Tensor x, str act, bool act_first) -> Tensor");
+  ops.def("act_and_mul_out(Tensor! out, Tensor x, str act, bool act_first) -> ()");
+  // The same on two tensors: act(gate) * up (transformers' LlamaMLP).
+  ops.def("act_mul(Tensor gate, Tensor up, str act) -> Tensor");
+  ops.def("act_mul_out(Tensor! out, Tensor gate, Tensor up, str act) -> ()");
+  // DiT gated residual without a following norm: x + gate * y, gate broadcast.
+  ops.def("gated_add(Tensor x, Tensor y, Tensor gate) -> Tensor");
+  ops.def("gated_add_out(Tensor! out, Tensor x, Tensor y, Tensor gate) -> ()");
+
   // Every op is registered for CPU too, with the same entry point: CPU tensors then fail with a
   // clear "must be a CUDA tensor" instead of the dispatcher's "no kernel for CPU".
   for (const auto key : {torch::kCUDA, torch::kCPU}) {
@@ -47,6 +61,14 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
     ops.impl("norm_modulate_out", key, &tk::norm_modulate_out);
     ops.impl("gated_add_norm_modulate", key, &tk::gated_add_norm_modulate);
     ops.impl("gated_add_norm_modulate_out", key, &tk::gated_add_norm_modulate_out);
+    ops.impl("activation", key, &tk::activation);
+    ops.impl("activation_out", key, &tk::activation_out);
+    ops.impl("act_and_mul", key, &tk::act_and_mul);
+    ops.impl("act_and_mul_out", key, &tk::act_and_mul_out);
+    ops.impl("act_mul", key, &tk::act_mul);
+    ops.impl("act_mul_out", key, &tk::act_mul_out);
+    ops.impl("gated_add", key, &tk::gated_add);
+    ops.impl("gated_add_out", key, &tk::gated_add_out);
   }
 }
 

@@ -46,4 +46,18 @@ void gated_add_norm_modulate_out(torch::Tensor& h_out, torch::Tensor& out, const
                                  const OptTensor& shift, const OptTensor& weight, const OptTensor& bias, double eps,
                                  std::string_view norm);
 
+// ---- activation family (csrc/activation/activation.cu) ----
+// act: "silu" | "gelu" | "gelu_tanh"
+torch::Tensor activation(const torch::Tensor& x, std::string_view act);
+void activation_out(torch::Tensor& out, const torch::Tensor& x, std::string_view act);
+// x: [..., 2 * H] -> [..., H]; act_first: act(x[..., :H]) * x[..., H:], else x[..., :H] * act(x[..., H:])
+torch::Tensor act_and_mul(const torch::Tensor& x, std::string_view act, bool act_first);
+void act_and_mul_out(torch::Tensor& out, const torch::Tensor& x, std::string_view act, bool act_first);
+// gate, up: [..., H] -> act(gate) * up
+torch::Tensor act_mul(const torch::Tensor& gate, const torch::Tensor& up, std::string_view act);
+void act_mul_out(torch::Tensor& out, const torch::Tensor& gate, const torch::Tensor& up, std::string_view act);
+// x, y: [..., H]; gate broadcast to x -> x + gate * y
+torch::Tensor gated_add(const torch::Tensor& x, const torch::Tensor& y, const torch::Tensor& gate);
+void gated_add_out(torch::Tensor& out, const torch::Tensor& x, const torch::Tensor& y, const torch::Tensor& gate);
+
 }  // namespace transformer_kernels

@@ -101,6 +101,33 @@ inline RowIndexer row_indexer(const char* op, const at::Tensor& t, const char* n
   return rows;
 }
 
+// A tensor of x's dtype that broadcasts to x's shape with a full, contiguous last dimension
+// ([hidden], [B, 1, hidden], [B, S, hidden], or strided views of a larger tensor).
+inline void check_broadcasts_to(const char* op, const at::Tensor& t, const char* name, const at::Tensor& x) {
+  check_same_device(op, t, name, x, "x");
+  check_dtype(op, t, name, x.scalar_type(), "the dtype of x");
+  TORCH_CHECK_VALUE(t.dim() >= 1 && t.dim() <= x.dim() && t.size(-1) == x.size(-1), op, ": ", name,
+                    " must broadcast to x's shape ", x.sizes(), " with its last dimension equal to x.shape[-1], got ",
+                    t.sizes());
+  for (int64_t d = 1; d <= t.dim(); ++d)
+    TORCH_CHECK_VALUE(t.size(-d) == 1 || t.size(-d) == x.size(-d), op, ": ", name, " of shape ", t.sizes(),
+                      " does not broadcast to x's shape ", x.sizes());
+  check_last_dim_contiguous(op, t, name);
+}
+
+// A second operand like x: same device, dtype and shape, contiguous last dimension.
+inline void check_same_as_x(const char* op, const at::Tensor& t, const char* name, const at::Tensor& x) {
+  check_same_device(op, t, name, x, "x");
+  check_dtype(op, t, name, x.scalar_type(), "the dtype of x");
+  check_same_shape(op, t, name, x, "x");
+  check_last_dim_contiguous(op, t, name);
+}
+
+// Row addressing of a tensor broadcast to x's shape (stride 0 along broadcast dimensions).
+inline RowIndexer broadcast_row_indexer(const char* op, const at::Tensor& t, const char* name, const at::Tensor& x) {
+  return row_indexer(op, t.dim() == x.dim() && t.sizes() == x.sizes() ? t : t.expand(x.sizes()), name);
+}
+
 inline int64_t num_rows(const at::Tensor& t) {
   return t.size(-1) == 0 ? 0 : t.numel() / t.size(-1);
 }

@@ -82,27 +82,6 @@ void check_same_param_dtype(const char* op, const OptTensor& weight, const OptTe
                      weight->scalar_type(), " and ", bias->scalar_type());
 }
 
-// A tensor of x's dtype that broadcasts to x's shape with a full, contiguous last dimension
-// ([hidden], [B, 1, hidden], [B, S, hidden], or strided views of a larger tensor).
-void check_broadcast(const char* op, const at::Tensor& t, const char* name, const at::Tensor& x) {
-  check_same_device(op, t, name, x, "x");
-  check_dtype(op, t, name, x.scalar_type(), "the dtype of x");
-  TORCH_CHECK_VALUE(t.dim() >= 1 && t.dim() <= x.dim() && t.size(-1) == x.size(-1), op, ": ", name,
-                    " must broadcast to x's shape ", x.sizes(), " with its last dimension equal to x.shape[-1], got ",
-                    t.sizes());
-  for (int64_t d = 1; d <= t.dim(); ++d)
-    TORCH_CHECK_VALUE(t.size(-d) == 1 || t.size(-d) == x.size(-d), op, ": ", name, " of shape ", t.sizes(),
-                      " does not broadcast to x's shape ", x.sizes());
-  check_last_dim_contiguous(op, t, name);
-}
-
-void check_same_as_x(const char* op, const at::Tensor& t, const char* name, const at::Tensor& x) {
-  check_same_device(op, t, name, x, "x");
-  check_dtype(op, t, name, x.scalar_type(), "the dtype of x");
-  check_same_shape(op, t, name, x, "x");
-  check_last_dim_contiguous(op, t, name);
-}
-
 // An output the caller passed: device, shape, dtype, layout, and no overlap with any input.
 void check_output(const NormCall& c, const at::Tensor& out, const char* name, c10::ScalarType dtype) {
   check_same_device(c.op, out, name, *c.x, "x");
@@ -119,10 +98,6 @@ void check_output(const NormCall& c, const at::Tensor& out, const char* name, c1
   if (c.shift && *c.shift) check_no_overlap(c.op, out, name, **c.shift, "shift");
 }
 
-RowIndexer rows_of(const char* op, const at::Tensor& t, const char* name, const at::Tensor& x) {
-  return row_indexer(op, t.dim() == x.dim() && t.sizes() == x.sizes() ? t : t.expand(x.sizes()), name);
-}
-
 template <NormType kNorm, PreAdd kPre, bool kMod, typename T, typename W, typename O>
 void run(const NormCall& c) {
   const at::Tensor& x = *c.x;
@@ -135,17 +110,17 @@ void run(const NormCall& c) {
   }
   if (c.gate) {
     p.gate = reinterpret_cast<const T*>(c.gate->const_data_ptr());
-    p.gate_rows = rows_of(c.op, *c.gate, "gate", x);
+    p.gate_rows = broadcast_row_indexer(c.op, *c.gate, "gate", x);
   }
   if (*c.weight) p.weight = reinterpret_cast<const W*>((*c.weight)->const_data_ptr());
   if (*c.bias) p.bias = reinterpret_cast<const W*>((*c.bias)->const_data_ptr());
   if (c.scale) {
     p.scale = reinterpret_cast<const T*>(c.scale->const_data_ptr());
-    p.scale_rows = rows_of(c.op, *c.scale, "scale", x);
+    p.scale_rows = broadcast_row_indexer(c.op, *c.scale, "scale", x);
   }
   if (c.shift && *c.shift) {
     p.shift = reinterpret_cast<const T*>((*c.shift)->const_data_ptr());
-    p.shift_rows = rows_of(c.op, **c.shift, "shift", x);
+    p.shift_rows = broadcast_row_indexer(c.op, **c.shift, "shift", x);
   }
   p.out = reinterpret_cast<O*>(c.out->data_ptr());
   p.out_rows = row_indexer(c.op, *c.out, "out");
@@ -228,8 +203,8 @@ NormType check_modulated(const char* op, const at::Tensor& x, const at::Tensor& 
     TORCH_CHECK_TYPE(weight->scalar_type() == x.scalar_type(), op,
                      ": with norm=\"rms\" the weight must have x's dtype (the modulation follows diffusers' RMSNorm,"
                      " whose output takes an fp32 weight's dtype), got ", weight->scalar_type());
-  check_broadcast(op, scale, "scale", x);
-  if (shift) check_broadcast(op, *shift, "shift", x);
+  check_broadcasts_to(op, scale, "scale", x);
+  if (shift) check_broadcasts_to(op, *shift, "shift", x);
   check_eps(op, eps);
   return type;
 }
@@ -364,7 +339,7 @@ std::tuple<at::Tensor, at::Tensor> gated_add_norm_modulate(const at::Tensor& x, 
   constexpr const char* op = "gated_add_norm_modulate";
   const NormType type = check_modulated(op, x, scale, shift, weight, bias, eps, norm);
   check_same_as_x(op, y, "y", x);
-  check_broadcast(op, gate, "gate", x);
+  check_broadcasts_to(op, gate, "gate", x);
   at::Tensor h = empty_like_rows(x, x.scalar_type());
   at::Tensor out = empty_like_rows(x, x.scalar_type());
   launch({op, type, PreAdd::kGated, &x, &y, &gate, &weight, &bias, &scale, &shift, &out, &h, eps, true});
@@ -377,7 +352,7 @@ void gated_add_norm_modulate_out(at::Tensor& h_out, at::Tensor& out, const at::T
   constexpr const char* op = "gated_add_norm_modulate";
   const NormType type = check_modulated(op, x, scale, shift, weight, bias, eps, norm);
   check_same_as_x(op, y, "y", x);
-  check_broadcast(op, gate, "gate", x);
+  check_broadcasts_to(op, gate, "gate", x);
   const NormCall c{op, type, PreAdd::kGated, &x, &y, &gate, &weight, &bias, &scale, &shift, &out, &h_out, eps, true};
   check_output(c, out, "out", x.scalar_type());
   check_output(c, h_out, "h_out", x.scalar_type());

@@ -6,6 +6,16 @@ a fake implementation, so it runs under ``torch.compile(fullgraph=True)`` withou
 
 from . import layers
 from ._ops import add_op_namespace_prefix, ops
+from .activation import (
+    act_mul,
+    gated_add,
+    geglu,
+    gelu,
+    gelu_and_mul,
+    gelu_tanh_and_mul,
+    silu,
+    silu_and_mul,
+)
 from .norm import (
     fused_add_rms_norm,
     fused_add_rms_norm_,
@@ -16,13 +26,21 @@ from .norm import (
 )
 
 __all__ = [
+    "act_mul",
     "add_op_namespace_prefix",
     "fused_add_rms_norm",
     "fused_add_rms_norm_",
+    "gated_add",
     "gated_add_norm_modulate",
+    "geglu",
+    "gelu",
+    "gelu_and_mul",
+    "gelu_tanh_and_mul",
     "layer_norm",
     "layers",
     "norm_modulate",
     "ops",
     "rms_norm",
+    "silu",
+    "silu_and_mul",
 ]

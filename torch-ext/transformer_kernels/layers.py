@@ -7,6 +7,7 @@ bound to (``self.weight``, the eps attribute, ...).
 
 import torch
 
+from .activation import gelu, gelu_and_mul, gelu_tanh_and_mul, silu, silu_and_mul
 from .norm import layer_norm, rms_norm
 
 
@@ -57,4 +58,69 @@ class LayerNorm(torch.nn.Module):
         return layer_norm(input, self.weight, self.bias, self.eps)
 
 
-__all__ = ["LayerNorm", "RMSNorm"]
+# Activations, named as kernels-community's `activation` names them (transformers maps its "SiLU",
+# "GeLU" and "GeluTanh" layer names to these). Shapes: [..., D] -> [..., D]; the *AndMul layers
+# take the concatenated projection [..., 2H] -> [..., H].
+
+
+class Silu(torch.nn.Module):
+    """``F.silu(x)`` (transformers' ``SiLUActivation``)."""
+
+    can_torch_compile: bool = True
+    has_backward: bool = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return silu(x)
+
+
+class Gelu(torch.nn.Module):
+    """``F.gelu(x)`` with erf."""
+
+    can_torch_compile: bool = True
+    has_backward: bool = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return gelu(x)
+
+
+class GeluTanh(torch.nn.Module):
+    """``F.gelu(x, approximate="tanh")`` (transformers' ``GELUTanh``)."""
+
+    can_torch_compile: bool = True
+    has_backward: bool = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return gelu(x, approximate="tanh")
+
+
+class SiluAndMul(torch.nn.Module):
+    """``silu(x[..., :H]) * x[..., H:]``."""
+
+    can_torch_compile: bool = True
+    has_backward: bool = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return silu_and_mul(x)
+
+
+class GeluAndMul(torch.nn.Module):
+    """``gelu(x[..., :H]) * x[..., H:]`` (erf)."""
+
+    can_torch_compile: bool = True
+    has_backward: bool = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return gelu_and_mul(x)
+
+
+class GeluTanhAndMul(torch.nn.Module):
+    """``gelu_tanh(x[..., :H]) * x[..., H:]``."""
+
+    can_torch_compile: bool = True
+    has_backward: bool = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return gelu_tanh_and_mul(x)
+
+
+__all__ = ["Gelu", "GeluAndMul", "GeluTanh", "GeluTanhAndMul", "LayerNorm", "RMSNorm", "Silu", "SiluAndMul"]

@@ -1,0 +1,144 @@
+// Elementwise activations and gated linear units over rows. Torch-free: functors, one kernel,
+// its launch heuristics and a host launcher.
+//
+//   kAct:       out = act(a)
+//   kActMul:    out = round(round(act(a)) * b)     (a = gate, b = up; the eager code rounds twice)
+//   kGatedAdd:  out = round(a + round(c * b))      (a = x, b = y, c = gate broadcast)
+//
+// Each formula follows ATen's CUDA code op for op, in fp32, so results match F.silu / F.gelu.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "common/math.cuh"
+#include "common/rows.cuh"
+#include "common/vec.cuh"
+
+namespace transformer_kernels {
+
+enum class Activation { kSilu, kGelu, kGeluTanh };
+enum class Elementwise { kAct, kActMul, kGatedAdd };
+
+// silu(x) = x / (1 + exp(-x))
+template <Activation kAct>
+TK_DEVICE float activate(float x) {
+  if constexpr (kAct == Activation::kSilu) {
+    return x / (1.f + expf(-x));
+  } else if constexpr (kAct == Activation::kGelu) {
+    // gelu(x) = x * 0.5 * (1 + erf(x / sqrt(2)))
+    constexpr float kAlpha = 0.70710678118654752440f;  // M_SQRT1_2
+    return x * 0.5f * (1.f + erff(x * kAlpha));
+  } else {
+    // gelu_tanh(x) = 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3)))
+    constexpr float kBeta = 0.79788456080286535588f;  // M_SQRT2 * M_2_SQRTPI * 0.5
+    constexpr float kKappa = 0.044715f;
+    const float x_cube = x * x * x;
+    const float inner = kBeta * (x + kKappa * x_cube);
+    return 0.5f * x * (1.f + tanhf(inner));
+  }
+}
+
+template <typename T>
+struct ElementwiseParams {
+  const T* a;  // [rows..., cols]: the activated operand, or x for kGatedAdd
+  RowIndexer a_rows;
+  const T* b = nullptr;  // [rows..., cols]: up (kActMul) or y (kGatedAdd)
+  RowIndexer b_rows;
+  const T* c = nullptr;  // [rows..., cols], broadcast rows allowed: gate (kGatedAdd)
+  RowIndexer c_rows;
+  T* out;  // [rows..., cols]
+  RowIndexer out_rows;
+  int64_t num_rows;
+  int64_t cols;
+  int log2_threads_per_row;  // a row is handled by 2^k consecutive threads of a block
+};
+
+namespace elementwise_detail {
+
+constexpr int kThreadsPerBlock = 256;
+// Each thread aims at this many vectors per row, so a row's loads are in flight together.
+constexpr int kVecsPerThread = 4;
+
+template <typename T, Elementwise kOp, Activation kAct>
+TK_DEVICE float apply(float a, float b, float c) {
+  if constexpr (kOp == Elementwise::kAct) {
+    return activate<kAct>(a);
+  } else if constexpr (kOp == Elementwise::kActMul) {
+    return __fmul_rn(round_through<T>(activate<kAct>(a)), b);
+  } else {
+    return __fadd_rn(a, round_through<T>(__fmul_rn(c, b)));
+  }
+}
+
+template <typename T, Elementwise kOp, Activation kAct, int kVec>
+__global__ void elementwise_kernel(const ElementwiseParams<T> p) {
+  using vec = vec_t<T, kVec>;
+  const int threads = 1 << p.log2_threads_per_row;
+  const int lane = threadIdx.x & (threads - 1);
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> p.log2_threads_per_row) +
+                      (threadIdx.x >> p.log2_threads_per_row);
+  if (row >= p.num_rows) return;
+  // The binding rejects outputs that overlap inputs, so loads of later vectors may be issued
+  // before earlier stores.
+  const T* __restrict__ a = p.a + p.a_rows.offset(row);
+  const T* __restrict__ b = kOp != Elementwise::kAct ? p.b + p.b_rows.offset(row) : nullptr;
+  const T* __restrict__ c = kOp == Elementwise::kGatedAdd ? p.c + p.c_rows.offset(row) : nullptr;
+  T* __restrict__ out = p.out + p.out_rows.offset(row);
+  const int64_t num_vecs = p.cols / kVec;
+
+#pragma unroll 4
+  for (int64_t v = lane; v < num_vecs; v += threads) {
+    vec av, bv, cv, ov;
+    av.load(a + v * kVec);
+    if constexpr (kOp != Elementwise::kAct) bv.load(b + v * kVec);
+    if constexpr (kOp == Elementwise::kGatedAdd) cv.load(c + v * kVec);
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) {
+      const float bf = kOp != Elementwise::kAct ? to_float(bv[i]) : 0.f;
+      const float cf = kOp == Elementwise::kGatedAdd ? to_float(cv[i]) : 0.f;
+      ov[i] = from_float<T>(apply<T, kOp, kAct>(to_float(av[i]), bf, cf));
+    }
+    ov.store(out + v * kVec);
+  }
+  for (int64_t col = num_vecs * kVec + lane; col < p.cols; col += threads) {
+    const float bf = kOp != Elementwise::kAct ? to_float(b[col]) : 0.f;
+    const float cf = kOp == Elementwise::kGatedAdd ? to_float(c[col]) : 0.f;
+    out[col] = from_float<T>(apply<T, kOp, kAct>(to_float(a[col]), bf, cf));
+  }
+}
+
+template <typename T, Elementwise kOp, Activation kAct, int kVec>
+cudaError_t launch(ElementwiseParams<T> p, cudaStream_t stream) {
+  // Threads per row: a power of two covering the row at kVecsPerThread vectors each, at most a
+  // block; short rows share a block (rows of one element get one thread each).
+  const int64_t num_vecs = std::max<int64_t>(1, (p.cols + kVec - 1) / kVec);
+  const int64_t wanted = (num_vecs + kVecsPerThread - 1) / kVecsPerThread;
+  int log2 = 0;
+  while ((int64_t{1} << log2) < wanted && (1 << log2) < kThreadsPerBlock) ++log2;
+  p.log2_threads_per_row = log2;
+  const int64_t rows_per_block = kThreadsPerBlock >> log2;
+  const dim3 grid(static_cast<unsigned>((p.num_rows + rows_per_block - 1) / rows_per_block));
+  elementwise_kernel<T, kOp, kAct, kVec><<<grid, kThreadsPerBlock, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace elementwise_detail
+
+// Host launcher: 16-byte vectors when every pointer and row stride allows it, scalar otherwise.
+template <Elementwise kOp, Activation kAct, typename T>
+cudaError_t elementwise(const ElementwiseParams<T>& p, cudaStream_t stream) {
+  if (p.num_rows == 0 || p.cols == 0) return cudaSuccess;
+  constexpr int kVec = vec_size<T>();
+  auto aligned = [&](const void* ptr, const RowIndexer& rows) {
+    return ptr == nullptr || (is_vec_aligned<T, kVec>(ptr) && rows.rows_aligned_to(kVec));
+  };
+  const bool vectorizable =
+      aligned(p.a, p.a_rows) && aligned(p.b, p.b_rows) && aligned(p.c, p.c_rows) && aligned(p.out, p.out_rows);
+  return vectorizable ? elementwise_detail::launch<T, kOp, kAct, kVec>(p, stream)
+                      : elementwise_detail::launch<T, kOp, kAct, 1>(p, stream);
+}
+
+}  // namespace transformer_kernels

@@ -1,0 +1,187 @@
+"""Activations and gated units: float64 accuracy, parity with F.silu/F.gelu and the eager MLP code,
+halves ordering (vLLM vs diffusers' GEGLU), strided inputs, bad inputs, opcheck, torch.compile."""
+
+import pytest
+import torch
+
+from helpers import DTYPES, UNIT_ROUNDOFF, assert_all_written, assert_matches_eager, assert_within, poisoned, random_input
+from reference.activations import (
+    activation_float64,
+    eager_act_and_mul,
+    eager_act_mul,
+    eager_activation,
+    eager_gated_add,
+)
+
+pytestmark = pytest.mark.gpu
+
+ACTS = ["silu", "gelu", "gelu_tanh"]
+HIDDEN = [1, 7, 4097, 14336, 18944]
+
+
+def rows_for(hidden):
+    return max(1, min(65, (1 << 20) // hidden))
+
+
+def act_magnitude(x, act):
+    """What the rounding errors of act(x) scale with. GELU's 1 + erf (or tanh) cancels for
+    negative x: fp32 leaves an absolute error of about ulp(1) * |x| / 2 there, in ATen too."""
+    mag = activation_float64(x, act).abs() + 1e-3
+    return mag if act == "silu" else mag + 0.5 * x.double().abs()
+
+
+def call_act(tk, x, act, out=None):
+    return tk.silu(x, out=out) if act == "silu" else tk.gelu(x, "none" if act == "gelu" else "tanh", out=out)
+
+
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("hidden", HIDDEN)
+def test_activation(tk, act, dtype, hidden):
+    x = random_input((rows_for(hidden), hidden), dtype)
+    out = poisoned(x.shape, dtype)
+    assert call_act(tk, x, act, out=out) is out
+    assert_all_written(out)
+    ref = activation_float64(x, act)
+    assert_within(out, ref, act_magnitude(x, act), 1.5, f"{act} vs float64")  # fp32 math, one rounding
+    eager = eager_activation(x, act)
+    assert_matches_eager(out, eager, act_magnitude(x, act), 1)
+    assert torch.equal(call_act(tk, x, act), out)
+
+
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("hidden", HIDDEN)
+@pytest.mark.parametrize("act_first", [True, False], ids=["act_first", "geglu_order"])
+def test_act_and_mul(tk, act, dtype, hidden, act_first):
+    x = random_input((rows_for(hidden), 2 * hidden), dtype)
+    if act_first:
+        fn = {"silu": tk.silu_and_mul, "gelu": tk.gelu_and_mul, "gelu_tanh": tk.gelu_tanh_and_mul}[act]
+        run = lambda out=None: fn(x, out=out)  # noqa: E731
+    elif act == "silu":
+        pytest.skip("the gate-second order is GEGLU's, a GELU")
+    else:
+        run = lambda out=None: tk.geglu(x, "none" if act == "gelu" else "tanh", out=out)  # noqa: E731
+    out = poisoned((x.shape[0], hidden), dtype)
+    assert run(out) is out
+    assert_all_written(out)
+    a, b = x.chunk(2, dim=-1)
+    if not act_first:
+        a, b = b, a
+    ref = activation_float64(a, act) * b.double()
+    mag = act_magnitude(a, act) * b.double().abs()
+    assert_within(out, ref, mag, 2.5, "act_and_mul vs float64")  # two roundings
+    eager = eager_act_and_mul(x, act, act_first)
+    assert_matches_eager(out, eager, mag, 2)
+    assert torch.equal(run(), out)
+
+
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_act_mul_two_tensors(tk, act, dtype):
+    gate, up = random_input((257, 14336), dtype), random_input((257, 14336), dtype)
+    out = tk.act_mul(gate, up, act)
+    eager = eager_act_mul(gate, up, act)
+    mag = act_magnitude(gate, act) * up.double().abs()
+    assert_within(out, activation_float64(gate, act) * up.double(), mag, 2.5, "act_mul vs float64")
+    assert_matches_eager(out, eager, mag, 2)
+
+
+def test_strided_and_unaligned_inputs(tk):
+    big = random_input((64, 3 * 4096), torch.bfloat16)
+    x = big[:, 4096:]  # [64, 2 * 4096] with row stride 3 * 4096: a slice of a fused projection
+    assert not x.is_contiguous()
+    eager = eager_act_and_mul(x, "silu")
+    assert_matches_eager(tk.silu_and_mul(x), eager, eager.double().abs() + 1e-3, 2)
+    odd = random_input((33, 2 * 4097 + 1), torch.float16)[:, 1:]  # misaligned pointer, odd half
+    a, b = odd.chunk(2, dim=-1)
+    assert_matches_eager(tk.gelu_tanh_and_mul(odd), eager_act_and_mul(odd, "gelu_tanh"),
+                         act_magnitude(a, "gelu_tanh") * b.double().abs(), 2)
+    t = random_input((16, 3, 2048), torch.bfloat16).transpose(0, 1)  # leading dims that cannot merge
+    assert_matches_eager(tk.gelu(t, "tanh"), eager_activation(t, "gelu_tanh"), act_magnitude(t, "gelu_tanh"), 1)
+    gate, up = random_input((2, 33, 8, 128), torch.bfloat16).transpose(1, 2), random_input((2, 8, 33, 128), torch.bfloat16)
+    eager = eager_act_mul(gate, up, "silu")
+    assert_matches_eager(tk.act_mul(gate, up, "silu"), eager, eager.double().abs() + 1e-3, 2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("gate_shape", ["per_sample", "per_token", "per_feature", "table_view"])
+def test_gated_add(tk, dtype, gate_shape):
+    B, S, D = 2, 77, 2048
+    x, y = random_input((B, S, D), dtype), random_input((B, S, D), dtype)
+    gate = {
+        "per_sample": lambda: random_input((B, 1, D), dtype, scale=0.3, offset=0.0),
+        "per_token": lambda: random_input((B, S, D), dtype, scale=0.3, offset=0.0),
+        "per_feature": lambda: random_input((D,), dtype, scale=0.3, offset=0.0),
+        "table_view": lambda: random_input((B, 1, 6, D), dtype, scale=0.3, offset=0.0)[:, :, 5],
+    }[gate_shape]()
+    out = poisoned(x.shape, dtype)
+    assert tk.gated_add(x, y, gate, out=out) is out
+    assert_all_written(out)
+    assert torch.equal(out, eager_gated_add(x, y, gate)), "x + gate * y must round exactly as the eager ops"
+
+
+@pytest.mark.parametrize("shape", [(0, 64), (5, 0)])
+def test_empty(tk, shape):
+    x = torch.empty(shape, device="cuda", dtype=torch.bfloat16)
+    assert tk.silu(x).shape == x.shape
+    assert tk.silu_and_mul(x).shape == (shape[0], shape[1] // 2)
+    assert tk.gated_add(x, x.clone(), torch.ones(shape[-1], device="cuda", dtype=torch.bfloat16)).shape == x.shape
+
+
+def _bf(*shape):
+    return torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
+
+
+BAD = {
+    "odd_last_dim": (lambda t: t.silu_and_mul(_bf(4, 7)), ValueError, "last dimension must be even"),
+    "int_input": (lambda t: t.silu(torch.ones(4, 8, device="cuda", dtype=torch.int32)), TypeError, "x must be float32"),
+    "cpu_input": (lambda t: t.gelu(torch.randn(4, 8)), ValueError, "x must be a CUDA tensor"),
+    "bad_approximate": (lambda t: t.gelu(_bf(4, 8), "fast"), ValueError, "approximate must be"),
+    "bad_activation": (lambda t: t.act_mul(_bf(4, 8), _bf(4, 8), "relu"), ValueError, "activation must be"),
+    "up_shape": (lambda t: t.act_mul(_bf(4, 8), _bf(4, 9)), ValueError, "up must have the shape of x"),
+    "up_dtype": (lambda t: t.act_mul(_bf(4, 8), _bf(4, 8).float()), TypeError, "up must have dtype"),
+    "out_shape": (lambda t: t.silu_and_mul(_bf(4, 8), out=_bf(4, 8)), ValueError, "out must have shape"),
+    "out_dtype": (lambda t: t.silu(_bf(4, 8), out=_bf(4, 8).half()), TypeError, "out must have dtype"),
+    "out_aliases_input": (lambda t: (lambda x: t.silu(x, out=x))(_bf(4, 8)), ValueError, "out must not share memory"),
+    "gate_not_broadcast": (lambda t: t.gated_add(_bf(2, 3, 8), _bf(2, 3, 8), _bf(3, 1, 8)), ValueError,
+                           "does not broadcast"),
+    "last_dim_strided": (lambda t: t.silu(_bf(8, 4).t()), ValueError, "contiguous in its last dimension"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_input_raises_clear_error(tk, case):
+    call, exc, message = BAD[case]
+    with pytest.raises(exc, match=message):
+        call(tk)
+    torch.cuda.synchronize()
+
+
+def test_opcheck(tk):
+    x, g, u = _bf(8, 256), _bf(8, 128), _bf(8, 128)
+    gate = _bf(128)
+    for op, args in [
+        (tk.ops.activation.default, (x, "gelu_tanh")),
+        (tk.ops.activation_out.default, (torch.empty_like(x), x, "silu")),
+        (tk.ops.act_and_mul.default, (x, "silu", True)),
+        (tk.ops.act_and_mul_out.default, (torch.empty_like(g), x, "gelu", False)),
+        (tk.ops.act_mul.default, (g, u, "silu")),
+        (tk.ops.act_mul_out.default, (torch.empty_like(g), g, u, "gelu_tanh")),
+        (tk.ops.gated_add.default, (g, u, gate)),
+        (tk.ops.gated_add_out.default, (torch.empty_like(g), g, u, gate)),
+    ]:
+        torch.library.opcheck(op, args)
+
+
+def test_mlp_compiles_fullgraph(tk):
+    torch._dynamo.reset()
+    gate_up = torch.nn.Linear(256, 2 * 512, bias=False).to("cuda", torch.bfloat16)
+    x = _bf(16, 256)
+
+    def mlp(x):
+        h = gate_up(x)
+        return tk.silu_and_mul(h) + tk.act_mul(*h.chunk(2, dim=-1), "silu")
+
+    compiled = torch.compile(mlp, fullgraph=True)
+    torch.testing.assert_close(compiled(x), mlp(x), rtol=0, atol=0)

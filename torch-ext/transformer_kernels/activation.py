@@ -1,0 +1,157 @@
+"""Activation ops: Python API and fake (meta) implementations.
+
+All compute in fp32 with ATen's formulas and round as the eager code does: ``act(x)`` once, the
+gated units ``act(a) * b`` twice (the activation's result, then the product), like
+``F.silu(gate) * up`` in transformers' MLPs and ``h * F.gelu(gate)`` in diffusers' GEGLU. Inputs:
+CUDA float32/float16/bfloat16, last dimension contiguous, leading dimensions any strides.
+"""
+
+from typing import Optional
+
+import torch
+
+from ._ops import add_op_namespace_prefix, ops
+
+ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
+
+
+def _gelu_name(approximate: str) -> str:
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+    return "gelu" if approximate == "none" else "gelu_tanh"
+
+
+def _activation(x: torch.Tensor, act: str, out: Optional[torch.Tensor]) -> torch.Tensor:
+    if out is None:
+        return _activation_op(x, act)
+    _activation_out_op(out, x, act)
+    return out
+
+
+def silu(x: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``x * sigmoid(x)``, as ``F.silu``."""
+    return _activation(x, "silu", out)
+
+
+def gelu(x: torch.Tensor, approximate: str = "none", out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``F.gelu(x, approximate)``: exact (erf) for ``"none"``, the tanh form for ``"tanh"``."""
+    return _activation(x, _gelu_name(approximate), out)
+
+
+def _act_and_mul(x: torch.Tensor, act: str, act_first: bool, out: Optional[torch.Tensor]) -> torch.Tensor:
+    if out is None:
+        return _act_and_mul_op(x, act, act_first)
+    _act_and_mul_out_op(out, x, act, act_first)
+    return out
+
+
+def silu_and_mul(x: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``silu(x[..., :H]) * x[..., H:]`` for ``x`` of shape ``[..., 2H]`` (vLLM / kernels-community)."""
+    return _act_and_mul(x, "silu", True, out)
+
+
+def gelu_and_mul(x: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``gelu(x[..., :H]) * x[..., H:]`` (exact GELU) for ``x`` of shape ``[..., 2H]``."""
+    return _act_and_mul(x, "gelu", True, out)
+
+
+def gelu_tanh_and_mul(x: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``gelu_tanh(x[..., :H]) * x[..., H:]`` for ``x`` of shape ``[..., 2H]``."""
+    return _act_and_mul(x, "gelu_tanh", True, out)
+
+
+def geglu(x: torch.Tensor, approximate: str = "none", out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """diffusers' ``GEGLU`` on its projection ``[..., 2H]``: ``h, gate = x.chunk(2, -1)``,
+    ``h * gelu(gate)``; the gate is the second half (SDXL's transformer blocks)."""
+    return _act_and_mul(x, _gelu_name(approximate), False, out)
+
+
+def act_mul(gate: torch.Tensor, up: torch.Tensor, activation: str = "silu",
+            out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``act(gate) * up`` on two tensors, as transformers' ``LlamaMLP`` computes
+    ``act_fn(gate_proj(x)) * up_proj(x)``. ``activation``: ``"silu"``, ``"gelu"`` or ``"gelu_tanh"``."""
+    if out is None:
+        return _act_mul_op(gate, up, activation)
+    _act_mul_out_op(out, gate, up, activation)
+    return out
+
+
+def gated_add(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``x + gate * y`` (a DiT block's gated residual with no norm after it); ``gate`` broadcasts
+    to ``x`` (``[D]``, ``[B, 1, D]``, ``[B, S, D]``, or strided views)."""
+    if out is None:
+        return _gated_add_op(x, y, gate)
+    _gated_add_out_op(out, x, y, gate)
+    return out
+
+
+_activation_op = ops.activation.default
+_activation_out_op = ops.activation_out.default
+_act_and_mul_op = ops.act_and_mul.default
+_act_and_mul_out_op = ops.act_and_mul_out.default
+_act_mul_op = ops.act_mul.default
+_act_mul_out_op = ops.act_mul_out.default
+_gated_add_op = ops.gated_add.default
+_gated_add_out_op = ops.gated_add_out.default
+
+
+# ---- fake (meta) implementations ----
+
+def _check_act(op: str, act: str) -> None:
+    torch._check(act in ACTIVATIONS, lambda: f"{op}: activation must be one of {ACTIVATIONS}, got {act!r}")
+
+
+def _half_shape(x: torch.Tensor):
+    torch._check(x.shape[-1] % 2 == 0, lambda: f"act_and_mul: x's last dimension must be even, got {x.shape[-1]}")
+    return (*x.shape[:-1], x.shape[-1] // 2)
+
+
+def _check_out(op: str, out: torch.Tensor, shape, dtype: torch.dtype) -> None:
+    torch._check(tuple(out.shape) == tuple(shape), lambda: f"{op}: out must have shape {tuple(shape)}, got {tuple(out.shape)}")
+    torch._check(out.dtype == dtype, lambda: f"{op}: out must have dtype {dtype}, got {out.dtype}")
+
+
+@torch.library.register_fake(add_op_namespace_prefix("activation"))
+def _(x, act):
+    _check_act("activation", act)
+    return x.new_empty(x.shape)
+
+
+@torch.library.register_fake(add_op_namespace_prefix("activation_out"))
+def _(out, x, act):
+    _check_act("activation", act)
+    _check_out("activation", out, x.shape, x.dtype)
+
+
+@torch.library.register_fake(add_op_namespace_prefix("act_and_mul"))
+def _(x, act, act_first):
+    _check_act("act_and_mul", act)
+    return x.new_empty(_half_shape(x))
+
+
+@torch.library.register_fake(add_op_namespace_prefix("act_and_mul_out"))
+def _(out, x, act, act_first):
+    _check_act("act_and_mul", act)
+    _check_out("act_and_mul", out, _half_shape(x), x.dtype)
+
+
+@torch.library.register_fake(add_op_namespace_prefix("act_mul"))
+def _(gate, up, act):
+    _check_act("act_mul", act)
+    return gate.new_empty(gate.shape)
+
+
+@torch.library.register_fake(add_op_namespace_prefix("act_mul_out"))
+def _(out, gate, up, act):
+    _check_act("act_mul", act)
+    _check_out("act_mul", out, gate.shape, gate.dtype)
+
+
+@torch.library.register_fake(add_op_namespace_prefix("gated_add"))
+def _(x, y, gate):
+    return x.new_empty(x.shape)
+
+
+@torch.library.register_fake(add_op_namespace_prefix("gated_add_out"))
+def _(out, x, y, gate):
+    _check_out("gated_add", out, x.shape, x.dtype)
