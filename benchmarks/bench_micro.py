@@ -22,6 +22,7 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.harness import Case, Report, copy_gbps, environment  # noqa: E402
 from integrations.loading import load_kernel, use_local_build  # noqa: E402
+from reference.activations import eager_act_and_mul, eager_act_mul, eager_activation, eager_gated_add  # noqa: E402
 from reference.norms import (  # noqa: E402
     diffusers_norm_modulate,
     hf_fused_add_rms_norm,
@@ -157,7 +158,38 @@ def modulate_cases(tk, quick: bool) -> Iterator[Case]:
                                   (x, y, gate, scale, shift)), note=note)
 
 
-OPS = {"rms_norm": rms_norm_cases, "fused_add_rms_norm": fused_add_rms_norm_cases, "layer_norm": layer_norm_cases,
+def activation_cases(tk, quick: bool) -> Iterator[Case]:
+    """Llama-3.1-8B's MLP (4096 tokens x 14336), LTX-Video 2B's GELU-tanh FFN (2x8064 tokens x 8192),
+    SDXL's GEGLU (16384 x 2x10240) and LTX's gated residual."""
+    bf16 = dict(device="cuda", dtype=torch.bfloat16)
+    liger_swiglu = liger_fn("swiglu", "LigerSiLUMulFunction")
+    x = torch.randn(4096, 2 * 14336, **bf16)
+    yield Case("silu_and_mul", "4096x(2x14336)", "bfloat16", nbytes(x) * 3 // 2,
+               with_baselines(lambda: tk.silu_and_mul(x), lambda x: eager_act_and_mul(x, "silu"), (x,)),
+               note="Llama-3.1-8B MLP, fused gate_up projection")
+    g, u = torch.randn(4096, 14336, **bf16), torch.randn(4096, 14336, **bf16)
+    yield Case("act_mul (silu)", "4096x14336 x2", "bfloat16", 3 * nbytes(g),
+               with_baselines(lambda: tk.act_mul(g, u, "silu"), lambda g, u: eager_act_mul(g, u, "silu"), (g, u),
+                              liger=liger_swiglu, liger_args=(g, u)),
+               note="Llama-3.1-8B MLP as transformers computes it: silu(gate_proj(x)) * up_proj(x)")
+    if quick:
+        return
+    h = torch.randn(16128, 8192, **bf16)
+    yield Case("gelu (tanh)", "16128x8192", "bfloat16", 2 * nbytes(h),
+               with_baselines(lambda: tk.gelu(h, "tanh"), lambda h: eager_activation(h, "gelu_tanh"), (h,),
+                              eager_name="native"), note="LTX-Video 2B FFN, 2x8064 tokens")
+    p = torch.randn(16384, 2 * 10240, **bf16)
+    yield Case("geglu", "16384x(2x10240)", "bfloat16", nbytes(p) * 3 // 2,
+               with_baselines(lambda: tk.geglu(p), lambda p: eager_act_and_mul(p, "gelu", act_first=False), (p,)),
+               note="SDXL transformer block GEGLU (diffusers order, erf GELU)")
+    xr, yr = torch.randn(2, 8064, 2048, **bf16), torch.randn(2, 8064, 2048, **bf16)
+    gate = torch.randn(2, 1, 2048, **bf16) * 0.3
+    yield Case("gated_add", "2x8064x2048", "bfloat16", 3 * nbytes(xr) + nbytes(gate),
+               with_baselines(lambda: tk.gated_add(xr, yr, gate), eager_gated_add, (xr, yr, gate)),
+               note="LTX-Video 2B: hidden_states + ff_output * gate_mlp")
+
+
+OPS = {"rms_norm": rms_norm_cases, "activation": activation_cases, "fused_add_rms_norm": fused_add_rms_norm_cases, "layer_norm": layer_norm_cases,
        "modulate": modulate_cases}
 
 
