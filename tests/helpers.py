@@ -40,8 +40,9 @@ def assert_within(out, ref64, magnitude, ulps, what=""):
 
 
 def mismatch_vs_eager(ours, eager, magnitude, ulps):
-    """Share of elements that differ from eager code; fails if any differs by more than `ulps`
-    units of `magnitude` (in the output dtype) plus fp32 slack."""
+    """Share of elements that differ from eager code; fails if any differs by more than
+    `ulps` * u * magnitude plus fp32 slack, u the unit roundoff of the output dtype. One ulp of a
+    value v is at most 2u|v|: allow 2 per rounding that may land differently."""
     assert ours.dtype == eager.dtype, f"dtype {ours.dtype} differs from the module's {eager.dtype}"
     diff = (ours.double() - eager.double()).abs()
     bound = (ulps * UNIT_ROUNDOFF[ours.dtype] + FP32_REL_TOL) * magnitude + 1e-30

@@ -45,7 +45,7 @@ def test_activation(tk, act, dtype, hidden):
     ref = activation_float64(x, act)
     assert_within(out, ref, act_magnitude(x, act), 1.5, f"{act} vs float64")  # fp32 math, one rounding
     eager = eager_activation(x, act)
-    assert_matches_eager(out, eager, act_magnitude(x, act), 1)
+    assert_matches_eager(out, eager, act_magnitude(x, act), 2)  # 2u: one ulp at most
     assert torch.equal(call_act(tk, x, act), out)
 
 
@@ -72,7 +72,7 @@ def test_act_and_mul(tk, act, dtype, hidden, act_first):
     mag = act_magnitude(a, act) * b.double().abs()
     assert_within(out, ref, mag, 2.5, "act_and_mul vs float64")  # two roundings
     eager = eager_act_and_mul(x, act, act_first)
-    assert_matches_eager(out, eager, mag, 2)
+    assert_matches_eager(out, eager, mag, 4)  # two roundings: 2 ulp at most
     assert torch.equal(run(), out)
 
 
@@ -84,7 +84,7 @@ def test_act_mul_two_tensors(tk, act, dtype):
     eager = eager_act_mul(gate, up, act)
     mag = act_magnitude(gate, act) * up.double().abs()
     assert_within(out, activation_float64(gate, act) * up.double(), mag, 2.5, "act_mul vs float64")
-    assert_matches_eager(out, eager, mag, 2)
+    assert_matches_eager(out, eager, mag, 4)
 
 
 def test_strided_and_unaligned_inputs(tk):
@@ -92,16 +92,16 @@ def test_strided_and_unaligned_inputs(tk):
     x = big[:, 4096:]  # [64, 2 * 4096] with row stride 3 * 4096: a slice of a fused projection
     assert not x.is_contiguous()
     eager = eager_act_and_mul(x, "silu")
-    assert_matches_eager(tk.silu_and_mul(x), eager, eager.double().abs() + 1e-3, 2)
+    assert_matches_eager(tk.silu_and_mul(x), eager, eager.double().abs() + 1e-3, 4)
     odd = random_input((33, 2 * 4097 + 1), torch.float16)[:, 1:]  # misaligned pointer, odd half
     a, b = odd.chunk(2, dim=-1)
     assert_matches_eager(tk.gelu_tanh_and_mul(odd), eager_act_and_mul(odd, "gelu_tanh"),
-                         act_magnitude(a, "gelu_tanh") * b.double().abs(), 2)
+                         act_magnitude(a, "gelu_tanh") * b.double().abs(), 4)
     t = random_input((16, 3, 2048), torch.bfloat16).transpose(0, 1)  # leading dims that cannot merge
-    assert_matches_eager(tk.gelu(t, "tanh"), eager_activation(t, "gelu_tanh"), act_magnitude(t, "gelu_tanh"), 1)
+    assert_matches_eager(tk.gelu(t, "tanh"), eager_activation(t, "gelu_tanh"), act_magnitude(t, "gelu_tanh"), 2)
     gate, up = random_input((2, 33, 8, 128), torch.bfloat16).transpose(1, 2), random_input((2, 8, 33, 128), torch.bfloat16)
     eager = eager_act_mul(gate, up, "silu")
-    assert_matches_eager(tk.act_mul(gate, up, "silu"), eager, eager.double().abs() + 1e-3, 2)
+    assert_matches_eager(tk.act_mul(gate, up, "silu"), eager, eager.double().abs() + 1e-3, 4)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
