@@ -64,8 +64,17 @@ constexpr int kCachedVecs = 4;
 #define TK_BLOCK_CACHED_VECS 4
 #endif
 constexpr int kBlockCachedVecs = TK_BLOCK_CACHED_VECS;
-template <int kThreadsPerRow>
-constexpr int cached_vecs() { return kThreadsPerRow == 0 ? kBlockCachedVecs : kCachedVecs; }
+// The fused variants (pre-add or modulation) hold 3 loads per cached vector in pass 1 and the
+// modulation vectors in the last pass: 80 registers against plain RMSNorm's 56, so 6 blocks of
+// 128 threads fit per SM instead of 9, which the occupancy model says costs ~30 % (measured 62 %
+// of copy vs 88 %). Knob for the A/B of 2 vectors (48-56 registers expected):
+#ifndef TK_FUSED_CACHED_VECS  // TK_CUDA_FLAGS=-DTK_FUSED_CACHED_VECS=2 python tools/build_kernel.py
+#define TK_FUSED_CACHED_VECS 4
+#endif
+template <int kThreadsPerRow, bool kFused>
+constexpr int cached_vecs() {
+  return kFused ? TK_FUSED_CACHED_VECS : (kThreadsPerRow == 0 ? kBlockCachedVecs : kCachedVecs);
+}
 constexpr int kMaxThreads = 1024;
 constexpr int kThreadsPerBlock = 256;  // for the row-group modes (several rows per block)
 // Row-group widths: kSmallGroup lanes for rows of <= kSmallGroup * kCachedVecs vectors (head-dim
@@ -80,7 +89,7 @@ template <typename T, typename weight_t, typename out_t, NormType kNorm, PreAdd 
           int kThreadsPerRow>
 __global__ void norm_kernel(const NormParams<T, weight_t, out_t> p) {
   using vec = vec_t<T, kVec>;
-  constexpr int kCachedVecs = cached_vecs<kThreadsPerRow>();
+  constexpr int kCachedVecs = cached_vecs<kThreadsPerRow, kPre != PreAdd::kNone || kMod>();
   const int groups_per_block = kThreadsPerRow == 0 ? 1 : blockDim.x / kThreadsPerRow;
   const int lane = kThreadsPerRow == 0 ? threadIdx.x : threadIdx.x % kThreadsPerRow;
   const int threads = kThreadsPerRow == 0 ? blockDim.x : kThreadsPerRow;
@@ -266,13 +275,16 @@ __global__ void norm_kernel(const NormParams<T, weight_t, out_t> p) {
 template <typename T, typename weight_t, typename out_t, NormType kNorm, PreAdd kPre, bool kMod, int kVec>
 cudaError_t launch(const NormParams<T, weight_t, out_t>& p, cudaStream_t stream) {
   const int64_t num_vecs = p.hidden / kVec;
+  constexpr bool kFused = kPre != PreAdd::kNone || kMod;
+  constexpr int kGroupVecs = cached_vecs<kSmallGroup, kFused>();  // per thread, row-group modes
+  constexpr int kBlockVecs = cached_vecs<0, kFused>();            // per thread, block mode
   auto grid_for = [&](int rows_per_block) {
     return dim3(static_cast<unsigned>((p.num_rows + rows_per_block - 1) / rows_per_block));
   };
-  if (num_vecs <= static_cast<int64_t>(kSmallGroup) * kCachedVecs) {
+  if (num_vecs <= static_cast<int64_t>(kSmallGroup) * kGroupVecs) {
     norm_kernel<T, weight_t, out_t, kNorm, kPre, kMod, kVec, kSmallGroup>
         <<<grid_for(kThreadsPerBlock / kSmallGroup), kThreadsPerBlock, 0, stream>>>(p);
-  } else if (num_vecs <= static_cast<int64_t>(kWarpSize) * kCachedVecs) {
+  } else if (num_vecs <= static_cast<int64_t>(kWarpSize) * kGroupVecs) {
     norm_kernel<T, weight_t, out_t, kNorm, kPre, kMod, kVec, kWarpSize>
         <<<grid_for(kThreadsPerBlock / kWarpSize), kThreadsPerBlock, 0, stream>>>(p);
   } else {
@@ -284,7 +296,7 @@ cudaError_t launch(const NormParams<T, weight_t, out_t>& p, cudaStream_t stream)
       return cudaFuncGetAttributes(&attr, kernel) == cudaSuccess ? attr.maxThreadsPerBlock : kThreadsPerBlock;
     }();
     const int64_t limit = std::min(kMaxThreads, max_threads / kWarpSize * kWarpSize);
-    const int64_t wanted = (num_vecs + kBlockCachedVecs - 1) / kBlockCachedVecs;
+    const int64_t wanted = (num_vecs + kBlockVecs - 1) / kBlockVecs;
     const int threads = static_cast<int>(std::min<int64_t>(limit, (wanted + kWarpSize - 1) / kWarpSize * kWarpSize));
     kernel<<<grid_for(1), threads, 0, stream>>>(p);
   }
