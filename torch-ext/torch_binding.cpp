@@ -47,6 +47,10 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   ops.def("gated_add(Tensor x, Tensor y, Tensor gate) -> Tensor");
   ops.def("gated_add_out(Tensor! out, Tensor x, Tensor y, Tensor gate) -> ()");
 
+  // Rotary embeddings on q [B, S, Hq, d] and k [B, S, Hk, d] in one launch, out of place or in place.
+  ops.def("rope(Tensor q, Tensor k, Tensor cos, Tensor sin, str style, bool fp32_math) -> (Tensor, Tensor)");
+  ops.def("rope_(Tensor(a!) q, Tensor(b!) k, Tensor cos, Tensor sin, str style, bool fp32_math) -> ()");
+
   // Every op is registered for CPU too, with the same entry point: CPU tensors then fail with a
   // clear "must be a CUDA tensor" instead of the dispatcher's "no kernel for CPU".
   for (const auto key : {torch::kCUDA, torch::kCPU}) {
@@ -69,6 +73,8 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
     ops.impl("act_mul_out", key, &tk::act_mul_out);
     ops.impl("gated_add", key, &tk::gated_add);
     ops.impl("gated_add_out", key, &tk::gated_add_out);
+    ops.impl("rope", key, &tk::rope);
+    ops.impl("rope_", key, &tk::rope_);
   }
 }
 

@@ -60,4 +60,12 @@ void act_mul_out(torch::Tensor& out, const torch::Tensor& gate, const torch::Ten
 torch::Tensor gated_add(const torch::Tensor& x, const torch::Tensor& y, const torch::Tensor& gate);
 void gated_add_out(torch::Tensor& out, const torch::Tensor& x, const torch::Tensor& y, const torch::Tensor& gate);
 
+// ---- rotary embeddings (csrc/rope/rope.cu) ----
+// q: [B, S, Hq, d], k: [B, S, Hk, d] (any strides, last dim contiguous); cos, sin: [B or 1, S, R]
+// style "neox" | "interleaved"; fp32_math: one rounding from fp32 (diffusers) or per-op (transformers)
+std::tuple<torch::Tensor, torch::Tensor> rope(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& cos,
+                                              const torch::Tensor& sin, std::string_view style, bool fp32_math);
+void rope_(torch::Tensor& q, torch::Tensor& k, const torch::Tensor& cos, const torch::Tensor& sin,
+           std::string_view style, bool fp32_math);
+
 }  // namespace transformer_kernels

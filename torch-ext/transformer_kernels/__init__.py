@@ -24,10 +24,14 @@ from .norm import (
     norm_modulate,
     rms_norm,
 )
+from .rope import apply_rotary_pos_emb, apply_rotary_pos_emb_, flux_rotary_emb, ltx_rotary_emb
 
 __all__ = [
     "act_mul",
     "add_op_namespace_prefix",
+    "apply_rotary_pos_emb",
+    "apply_rotary_pos_emb_",
+    "flux_rotary_emb",
     "fused_add_rms_norm",
     "fused_add_rms_norm_",
     "gated_add",
@@ -38,6 +42,7 @@ __all__ = [
     "gelu_tanh_and_mul",
     "layer_norm",
     "layers",
+    "ltx_rotary_emb",
     "norm_modulate",
     "ops",
     "rms_norm",

@@ -1,0 +1,144 @@
+// Torch entry points of rotary embeddings: validate, pick dtypes, call the torch-free launcher in
+// rope.cuh on the current stream of q's device.
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/ops/empty.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include <string_view>
+#include <tuple>
+
+#include "common/checks.h"
+#include "common/dispatch.h"
+#include "rope/rope.cuh"
+
+namespace transformer_kernels {
+namespace {
+
+constexpr const char* kOp = "rope";
+
+RopeStyle resolve_style(std::string_view style) {
+  if (style == "neox") return RopeStyle::kNeox;
+  if (style == "interleaved") return RopeStyle::kInterleaved;
+  TORCH_CHECK_VALUE(false, kOp, ": style must be \"neox\" or \"interleaved\", got \"", style, "\"");
+}
+
+HeadStrides head_strides(const at::Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
+
+// q, k: [B, S, H, d]; cos, sin: [B or 1, S, R], R even and <= d.
+void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
+                  bool fp32_math) {
+  check_cuda(kOp, q, "q");
+  check_float_dtype(kOp, q, "q");
+  TORCH_CHECK_VALUE(q.dim() == 4, kOp, ": q must be 4-D [B, S, H, d], got shape ", q.sizes());
+  check_last_dim_contiguous(kOp, q, "q");
+  check_same_device(kOp, k, "k", q, "q");
+  check_dtype(kOp, k, "k", q.scalar_type(), "the dtype of q");
+  TORCH_CHECK_VALUE(k.dim() == 4 && k.size(0) == q.size(0) && k.size(1) == q.size(1) && k.size(3) == q.size(3), kOp,
+                    ": k must be [B, S, H_k, d] with q's B, S and d ", q.sizes(), ", got ", k.sizes());
+  check_last_dim_contiguous(kOp, k, "k");
+  const at::ScalarType table_dtype = cos.scalar_type();
+  for (const auto& [t, name] : {std::pair{&cos, "cos"}, std::pair{&sin, "sin"}}) {
+    check_same_device(kOp, *t, name, q, "q");
+    TORCH_CHECK_VALUE(t->dim() == 3 && (t->size(0) == 1 || t->size(0) == q.size(0)) && t->size(1) == q.size(1), kOp,
+                      ": ", name, " must be [B or 1, S, rotary_dim] with q's B = ", q.size(0), " and S = ", q.size(1),
+                      ", got ", t->sizes());
+    check_last_dim_contiguous(kOp, *t, name);
+    if (fp32_math) {
+      TORCH_CHECK_TYPE(t->scalar_type() == at::kFloat || t->scalar_type() == q.scalar_type(), kOp, ": ", name,
+                       " must be float32 or q's dtype, got ", t->scalar_type());
+    } else {
+      check_dtype(kOp, *t, name, q.scalar_type(),
+                  "transformers builds cos/sin in the model dtype; pass fp32 tables with fp32 math");
+    }
+  }
+  check_same_shape(kOp, sin, "sin", cos, "cos");
+  check_dtype(kOp, sin, "sin", table_dtype, "the dtype of cos");
+  TORCH_CHECK_VALUE(cos.stride(0) == sin.stride(0) && cos.stride(1) == sin.stride(1), kOp,
+                    ": cos and sin must have the same strides, got ", cos.strides(), " and ", sin.strides());
+  const int64_t rotary_dim = cos.size(2);
+  TORCH_CHECK_VALUE(rotary_dim % 2 == 0 && rotary_dim <= q.size(3), kOp,
+                    ": the rotary width (cos.shape[-1] = ", rotary_dim, ") must be even and at most head_dim = ",
+                    q.size(3));
+  check_no_overlap(kOp, q, "q", k, "k");
+}
+
+template <RopeStyle kStyle, bool kFp32Math>
+void run(at::Tensor& q_out, at::Tensor& k_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+         const at::Tensor& sin, bool copy_pass_through) {
+  const at::cuda::OptionalCUDAGuard device_guard(q.device());
+  dispatch_float_dtype(q.scalar_type(), "q", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    auto go = [&](auto table_tag) {
+      using table_t = typename decltype(table_tag)::type;
+      RopeParams<T, table_t> p;
+      p.q_out = static_cast<T*>(q_out.data_ptr());
+      p.q_out_strides = head_strides(q_out);
+      p.q = static_cast<const T*>(q.const_data_ptr());
+      p.q_strides = head_strides(q);
+      p.k_out = static_cast<T*>(k_out.data_ptr());
+      p.k_out_strides = head_strides(k_out);
+      p.k = static_cast<const T*>(k.const_data_ptr());
+      p.k_strides = head_strides(k);
+      p.cos = static_cast<const table_t*>(cos.const_data_ptr());
+      p.sin = static_cast<const table_t*>(sin.const_data_ptr());
+      p.table_b = cos.size(0) == 1 ? 0 : cos.stride(0);
+      p.table_s = cos.stride(1);
+      p.batch = q.size(0);
+      p.seq = q.size(1);
+      p.num_q_heads = static_cast<int>(q.size(2));
+      p.num_k_heads = static_cast<int>(k.size(2));
+      p.head_dim = static_cast<int>(q.size(3));
+      p.rotary_dim = static_cast<int>(cos.size(2));
+      p.copy_pass_through = copy_pass_through;
+      const cudaError_t err = rope<kStyle, kFp32Math>(p, at::cuda::getCurrentCUDAStream());
+      TORCH_CHECK(err == cudaSuccess, kOp, ": kernel launch failed: ", cudaGetErrorString(err));
+    };
+    if (cos.scalar_type() == q.scalar_type()) {
+      go(type_tag<T>{});
+    } else if constexpr (kFp32Math && !std::is_same_v<T, float>) {
+      go(type_tag<float>{});  // fp32 tables with half q/k (diffusers)
+    } else {
+      TORCH_CHECK_TYPE(false, kOp, ": unsupported table dtype ", cos.scalar_type(), " for q of dtype ", q.scalar_type());
+    }
+  });
+}
+
+void launch(at::Tensor& q_out, at::Tensor& k_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+            const at::Tensor& sin, std::string_view style, bool fp32_math, bool copy_pass_through) {
+  const RopeStyle s = resolve_style(style);
+  if (s == RopeStyle::kNeox) {
+    fp32_math ? run<RopeStyle::kNeox, true>(q_out, k_out, q, k, cos, sin, copy_pass_through)
+              : run<RopeStyle::kNeox, false>(q_out, k_out, q, k, cos, sin, copy_pass_through);
+  } else {
+    fp32_math ? run<RopeStyle::kInterleaved, true>(q_out, k_out, q, k, cos, sin, copy_pass_through)
+              : run<RopeStyle::kInterleaved, false>(q_out, k_out, q, k, cos, sin, copy_pass_through);
+  }
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> rope(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+                                        const at::Tensor& sin, std::string_view style, bool fp32_math) {
+  check_inputs(q, k, cos, sin, fp32_math);
+  resolve_style(style);
+  at::Tensor q_out = at::empty(q.sizes(), q.options());
+  at::Tensor k_out = at::empty(k.sizes(), k.options());
+  launch(q_out, k_out, q, k, cos, sin, style, fp32_math, /*copy_pass_through=*/true);
+  return {q_out, k_out};
+}
+
+void rope_(at::Tensor& q, at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin, std::string_view style,
+           bool fp32_math) {
+  check_inputs(q, k, cos, sin, fp32_math);
+  // Each pair is read and written by the same thread, so in place is safe; q and k must not
+  // overlap each other (checked) nor the tables.
+  check_writable_output(kOp, q, "q");
+  check_writable_output(kOp, k, "k");
+  for (const auto& [t, name] : {std::pair{&cos, "cos"}, std::pair{&sin, "sin"}}) {
+    check_no_overlap(kOp, q, "q", *t, name);
+    check_no_overlap(kOp, k, "k", *t, name);
+  }
+  launch(q, k, q, k, cos, sin, style, fp32_math, /*copy_pass_through=*/false);
+}
+
+}  // namespace transformer_kernels

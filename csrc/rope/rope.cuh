@@ -1,0 +1,191 @@
+// Rotary position embeddings on q and k in one launch. Torch-free: the kernel, its launch
+// heuristics and a host launcher.
+//
+// q, k are addressed as [B, S, H, d] (any strides, last dim contiguous); cos, sin as [B, S, R]
+// (stride 0 over B when shared), R = rotary dims <= d, shared by all heads. Pairs:
+//   kNeox:        (i, i + R/2)   out[i] = x[i] cos[i] - x[i+R/2] sin[i];  out[i+R/2] = x[i+R/2] cos + x[i] sin
+//   kInterleaved: (2i, 2i + 1)   out[2i] = x[2i] cos - x[2i+1] sin;       out[2i+1] = x[2i+1] cos + x[2i] sin
+// Channels >= R pass through. Rounding (no FMA: the eager code rounds each op):
+//   fp32_math = false (transformers: cos/sin in x's dtype): round(round(x*cos) + round(rot*sin))
+//   fp32_math = true  (diffusers LTX/Flux: fp32 tables):   round_once(x*cos + rot*sin) in fp32
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common/math.cuh"
+#include "common/vec.cuh"
+
+namespace transformer_kernels {
+
+enum class RopeStyle { kNeox, kInterleaved };
+
+// A [B, S, H, d] tensor's strides, in elements.
+struct HeadStrides {
+  int64_t b, s, h;
+};
+
+template <typename T, typename table_t>
+struct RopeParams {
+  T* q_out;  // [B, S, Hq, d]
+  HeadStrides q_out_strides;
+  const T* q;  // [B, S, Hq, d]
+  HeadStrides q_strides;
+  T* k_out;  // [B, S, Hk, d]
+  HeadStrides k_out_strides;
+  const T* k;  // [B, S, Hk, d]
+  HeadStrides k_strides;
+  const table_t* cos;  // [B, S, R]
+  const table_t* sin;  // [B, S, R]
+  int64_t table_b, table_s;  // strides of cos and sin (same layout), in elements
+  int64_t batch, seq;
+  int num_q_heads, num_k_heads;
+  int head_dim;
+  int rotary_dim;
+  bool copy_pass_through;  // out-of-place: copy channels >= rotary_dim
+  int log2_threads_per_row;
+};
+
+namespace rope_detail {
+
+constexpr int kThreadsPerBlock = 256;
+
+template <typename T, bool kFp32Math>
+TK_DEVICE float rotate(float x, float partner_signed, float c, float s) {
+  if constexpr (kFp32Math) {
+    return __fadd_rn(__fmul_rn(x, c), __fmul_rn(partner_signed, s));
+  } else {
+    return __fadd_rn(round_through<T>(__fmul_rn(x, c)), round_through<T>(__fmul_rn(partner_signed, s)));
+  }
+}
+
+// One thread handles kPairs pairs per step; a row is one (token, head) of q or k.
+template <typename T, typename table_t, RopeStyle kStyle, bool kFp32Math, int kPairs>
+__global__ void rope_kernel(const RopeParams<T, table_t> p) {
+  const int threads = 1 << p.log2_threads_per_row;
+  const int lane = threadIdx.x & (threads - 1);
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> p.log2_threads_per_row) +
+                      (threadIdx.x >> p.log2_threads_per_row);
+  const int heads = p.num_q_heads + p.num_k_heads;
+  if (row >= p.batch * p.seq * heads) return;
+  const int head = static_cast<int>(row % heads);
+  const int64_t token = row / heads;
+  const int64_t b = token / p.seq, s = token % p.seq;
+  const bool is_q = head < p.num_q_heads;
+  const int h = is_q ? head : head - p.num_q_heads;
+  const HeadStrides& in_st = is_q ? p.q_strides : p.k_strides;
+  const HeadStrides& out_st = is_q ? p.q_out_strides : p.k_out_strides;
+  const T* x = (is_q ? p.q : p.k) + b * in_st.b + s * in_st.s + h * in_st.h;
+  T* out = (is_q ? p.q_out : p.k_out) + b * out_st.b + s * out_st.s + h * out_st.h;
+  const table_t* cos = p.cos + b * p.table_b + s * p.table_s;
+  const table_t* sin = p.sin + b * p.table_b + s * p.table_s;
+
+  const int num_pairs = p.rotary_dim / 2;
+  // Element index of the two halves of pair j.
+  auto first = [&](int j) { return kStyle == RopeStyle::kNeox ? j : 2 * j; };
+  auto second = [&](int j) { return kStyle == RopeStyle::kNeox ? j + num_pairs : 2 * j + 1; };
+
+  for (int j0 = lane * kPairs; j0 < num_pairs; j0 += threads * kPairs) {
+    float x1[kPairs], x2[kPairs], c1[kPairs], c2[kPairs], s1[kPairs], s2[kPairs];
+    if constexpr (kPairs == 1) {  // any alignment: element by element
+      x1[0] = to_float(x[first(j0)]), x2[0] = to_float(x[second(j0)]);
+      c1[0] = to_float(cos[first(j0)]), c2[0] = to_float(cos[second(j0)]);
+      s1[0] = to_float(sin[first(j0)]), s2[0] = to_float(sin[second(j0)]);
+    } else if constexpr (kStyle == RopeStyle::kNeox) {
+      vec_t<T, kPairs> a, bv;
+      vec_t<table_t, kPairs> ca, cb, sa, sb;
+      a.load(x + j0);
+      bv.load(x + j0 + num_pairs);
+      ca.load(cos + j0);
+      cb.load(cos + j0 + num_pairs);
+      sa.load(sin + j0);
+      sb.load(sin + j0 + num_pairs);
+      a.cast_to(x1);
+      bv.cast_to(x2);
+      ca.cast_to(c1);
+      cb.cast_to(c2);
+      sa.cast_to(s1);
+      sb.cast_to(s2);
+    } else {
+      vec_t<T, 2 * kPairs> xv;
+      vec_t<table_t, 2 * kPairs> cv, sv;
+      xv.load(x + 2 * j0);
+      cv.load(cos + 2 * j0);
+      sv.load(sin + 2 * j0);
+#pragma unroll
+      for (int i = 0; i < kPairs; ++i) {
+        x1[i] = to_float(xv[2 * i]), x2[i] = to_float(xv[2 * i + 1]);
+        c1[i] = to_float(cv[2 * i]), c2[i] = to_float(cv[2 * i + 1]);
+        s1[i] = to_float(sv[2 * i]), s2[i] = to_float(sv[2 * i + 1]);
+      }
+    }
+    T y1[kPairs], y2[kPairs];
+#pragma unroll
+    for (int i = 0; i < kPairs; ++i) {
+      y1[i] = from_float<T>(rotate<T, kFp32Math>(x1[i], -x2[i], c1[i], s1[i]));
+      y2[i] = from_float<T>(rotate<T, kFp32Math>(x2[i], x1[i], c2[i], s2[i]));
+    }
+    if constexpr (kPairs == 1) {
+      out[first(j0)] = y1[0];
+      out[second(j0)] = y2[0];
+    } else if constexpr (kStyle == RopeStyle::kNeox) {
+      vec_t<T, kPairs> a, bv;
+#pragma unroll
+      for (int i = 0; i < kPairs; ++i) a[i] = y1[i], bv[i] = y2[i];
+      a.store(out + first(j0));
+      bv.store(out + second(j0));
+    } else {
+      vec_t<T, 2 * kPairs> o;
+#pragma unroll
+      for (int i = 0; i < kPairs; ++i) o[2 * i] = y1[i], o[2 * i + 1] = y2[i];
+      o.store(out + first(j0));
+    }
+  }
+  if (p.copy_pass_through)
+    for (int c = p.rotary_dim + lane; c < p.head_dim; c += threads) out[c] = x[c];
+}
+
+}  // namespace rope_detail
+
+// Host launcher. Vector steps (16 bytes of x per load) when pointers, strides and the rotary
+// width allow, one pair per step otherwise.
+template <RopeStyle kStyle, bool kFp32Math, typename T, typename table_t>
+cudaError_t rope(RopeParams<T, table_t> p, cudaStream_t stream) {
+  const int64_t rows = p.batch * p.seq * (p.num_q_heads + p.num_k_heads);
+  if (rows == 0 || p.head_dim == 0) return cudaSuccess;
+  // Pairs per vector step: 16 bytes of x per load (NeoX loads both halves, interleaved one vector
+  // holding both elements of each pair).
+  constexpr int kVecPairs = kStyle == RopeStyle::kNeox ? vec_size<T>() : vec_size<T>() / 2;
+  constexpr int kVecElems = kStyle == RopeStyle::kNeox ? kVecPairs : 2 * kVecPairs;
+  auto aligned = [&](const void* ptr, int elem_bytes) {
+    const int bytes = kVecElems * elem_bytes < kVecBytes ? kVecElems * elem_bytes : kVecBytes;
+    return reinterpret_cast<uintptr_t>(ptr) % bytes == 0;
+  };
+  auto strides_ok = [&](const HeadStrides& st) {
+    return st.b % kVecElems == 0 && st.s % kVecElems == 0 && st.h % kVecElems == 0;
+  };
+  const int num_pairs = p.rotary_dim / 2;
+  const bool vectorizable = num_pairs % kVecPairs == 0 && aligned(p.q, sizeof(T)) && aligned(p.k, sizeof(T)) &&
+                            aligned(p.q_out, sizeof(T)) && aligned(p.k_out, sizeof(T)) &&
+                            aligned(p.cos, sizeof(table_t)) && aligned(p.sin, sizeof(table_t)) &&
+                            strides_ok(p.q_strides) && strides_ok(p.k_strides) && strides_ok(p.q_out_strides) &&
+                            strides_ok(p.k_out_strides) && p.table_b % kVecElems == 0 && p.table_s % kVecElems == 0;
+  const int pairs_per_step = vectorizable ? kVecPairs : 1;
+  // Threads per row: a power of two covering the row's steps (at least one), at most a block.
+  const int steps = (num_pairs + pairs_per_step - 1) / pairs_per_step;
+  int log2 = 0;
+  while ((1 << log2) < steps && (1 << log2) < rope_detail::kThreadsPerBlock) ++log2;
+  p.log2_threads_per_row = log2;
+  const int64_t rows_per_block = rope_detail::kThreadsPerBlock >> log2;
+  const dim3 grid(static_cast<unsigned>((rows + rows_per_block - 1) / rows_per_block));
+  if (vectorizable) {
+    rope_detail::rope_kernel<T, table_t, kStyle, kFp32Math, kVecPairs>
+        <<<grid, rope_detail::kThreadsPerBlock, 0, stream>>>(p);
+  } else {
+    rope_detail::rope_kernel<T, table_t, kStyle, kFp32Math, 1><<<grid, rope_detail::kThreadsPerBlock, 0, stream>>>(p);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace transformer_kernels

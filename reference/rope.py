@@ -1,0 +1,43 @@
+"""RoPE references: the eager code of transformers and diffusers, and float64 math."""
+
+import torch
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """transformers' ``rotate_half``."""
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def hf_apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+    """transformers' ``apply_rotary_pos_emb`` (Llama, Mistral, Qwen2/3), with partial rotary as
+    the models that have it split q into rotated and passed-through channels."""
+    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+    r = cos.shape[-1]
+
+    def apply(x):
+        x_rot, x_pass = x[..., :r], x[..., r:]
+        return torch.cat(((x_rot * cos) + (rotate_half(x_rot) * sin), x_pass), dim=-1)
+
+    return apply(q), apply(k)
+
+
+def diffusers_interleaved_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """diffusers' interleaved form (LTX-Video ``apply_rotary_emb``, Flux ``use_real_unbind_dim=-1``):
+    fp32 math, one cast back."""
+    x_real, x_imag = x.unflatten(-1, (-1, 2)).unbind(-1)
+    x_rotated = torch.stack([-x_imag, x_real], dim=-1).flatten(-2)
+    return (x.float() * cos + x_rotated.float() * sin).to(x.dtype)
+
+
+def rotary_float64(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str) -> torch.Tensor:
+    """The rotation in float64; x [..., d], cos/sin broadcast to [..., R]."""
+    x64, c, s = x.double(), cos.double(), sin.double()
+    r = c.shape[-1]
+    xr, xp = x64[..., :r], x64[..., r:]
+    if style == "neox":
+        rot = rotate_half(xr)
+    else:
+        a, b = xr.unflatten(-1, (-1, 2)).unbind(-1)
+        rot = torch.stack([-b, a], dim=-1).flatten(-2)
+    return torch.cat((xr * c + rot * s, xp), dim=-1)

@@ -1,0 +1,163 @@
+"""Rotary embeddings: transformers' apply_rotary_pos_emb (NeoX, strided q/k from a fused QKV,
+GQA, partial rotary, in place), LTX-Video's and Flux's interleaved fp32 forms; float64 accuracy,
+parity with the libraries' eager code, bad inputs, opcheck, torch.compile."""
+
+import math
+
+import pytest
+import torch
+
+from helpers import DTYPES, assert_matches_eager, assert_within, random_input
+from reference.rope import diffusers_interleaved_rotary, hf_apply_rotary_pos_emb, rotary_float64
+
+pytestmark = pytest.mark.gpu
+
+
+def rope_magnitude(x, cos, sin, style):
+    """|x_i| |cos_i| + |x_partner| |sin_i| (the terms that are rounded), |x| where x passes through."""
+    x64, c, s = x.double().abs(), cos.double().abs(), sin.double().abs()
+    r = c.shape[-1]
+    xr = x64[..., :r]
+    if style == "neox":
+        partner = torch.cat((xr[..., r // 2:], xr[..., : r // 2]), dim=-1)
+    else:
+        partner = xr.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
+    return torch.cat((xr * c + partner * s, x64[..., r:]), dim=-1) + 1e-3
+
+
+def hf_cos_sin(B, S, rotary_dim, dtype, theta=500000.0):
+    """As transformers' LlamaRotaryEmbedding builds them, at random non-monotonic positions."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, device="cuda").float() / rotary_dim))
+    positions = torch.randint(0, 8192, (B, S), device="cuda").float()
+    freqs = positions[..., None] * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def fused_qkv(B, S, Hq, Hk, d, dtype):
+    """q, k as transformers gets them: views of one projection, transposed to [B, H, S, d]."""
+    qkv = random_input((B, S, (Hq + 2 * Hk) * d), dtype)
+    q = qkv[..., : Hq * d].view(B, S, Hq, d).transpose(1, 2)
+    k = qkv[..., Hq * d: (Hq + Hk) * d].view(B, S, Hk, d).transpose(1, 2)
+    return q, k
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("heads", [(32, 8), (7, 1), (5, 5)])
+@pytest.mark.parametrize("partial", [False, True])
+def test_hf_apply_rotary_pos_emb(tk, dtype, d, heads, partial):
+    B, S = 2, 37
+    q, k = fused_qkv(B, S, *heads, d, dtype)
+    cos, sin = hf_cos_sin(B, S, d // 2 if partial else d, dtype)
+    q_out, k_out = tk.apply_rotary_pos_emb(q, k, cos, sin)
+    assert q_out.shape == q.shape and k_out.shape == k.shape
+    q_eager, k_eager = hf_apply_rotary_pos_emb(q, k, cos, sin)
+    for ours, eager, x in ((q_out, q_eager, q), (k_out, k_eager, k)):
+        c, s = cos.unsqueeze(1), sin.unsqueeze(1)
+        ref = rotary_float64(x, c, s, "neox")
+        mag = rope_magnitude(x, c, s, "neox")
+        assert_within(ours, ref, mag, 3.5, "rope vs float64")  # three roundings: x*cos, rot*sin, sum
+        assert_matches_eager(ours, eager, mag, 4)
+    # in place gives the same values
+    q2, k2 = q.clone(), k.clone()
+    tk.apply_rotary_pos_emb_(q2, k2, cos, sin)
+    assert torch.equal(q2, q_out) and torch.equal(k2, k_out)
+
+
+def ltx_cos_sin(B, S, C):
+    """fp32 tables like LTXVideoRotaryPosEmbed: pairs repeated, identity channels prepended when
+    C % 6 != 0."""
+    freqs = torch.rand(B, S, C // 6 * 3, device="cuda") * 2 * math.pi
+    cos, sin = freqs.cos().repeat_interleave(2, dim=-1), freqs.sin().repeat_interleave(2, dim=-1)
+    pad = C - cos.shape[-1]
+    if pad:
+        cos = torch.cat([torch.ones(B, S, pad, device="cuda"), cos], dim=-1)
+        sin = torch.cat([torch.zeros(B, S, pad, device="cuda"), sin], dim=-1)
+    return cos, sin
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("C", [2048, 4096, 96])
+def test_ltx_rotary_emb(tk, dtype, C):
+    B, S = 2, 301
+    q, k = random_input((B, S, C), dtype), random_input((B, S, C), dtype)
+    cos, sin = ltx_cos_sin(B, S, C)
+    q_out, k_out = tk.ltx_rotary_emb(q, k, cos, sin)
+    for ours, x in ((q_out, q), (k_out, k)):
+        eager = diffusers_interleaved_rotary(x, cos, sin)
+        mag = rope_magnitude(x, cos, sin, "interleaved")
+        assert_within(ours, rotary_float64(x, cos, sin, "interleaved"), mag, 1.5, "ltx rope vs float64")
+        assert_matches_eager(ours, eager, mag, 2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_flux_rotary_emb(tk, dtype):
+    B, S, H, d = 1, 512, 24, 128
+    q, k = random_input((B, S, H, d), dtype), random_input((B, S, H, d), dtype)
+    freqs = torch.rand(S, d // 2, device="cuda") * 100
+    cos, sin = freqs.cos().repeat_interleave(2, -1), freqs.sin().repeat_interleave(2, -1)
+    q_out, k_out = tk.flux_rotary_emb(q, k, cos, sin)
+    for ours, x in ((q_out, q), (k_out, k)):
+        c, s = cos[None, :, None, :], sin[None, :, None, :]
+        eager = diffusers_interleaved_rotary(x, c, s)
+        assert_matches_eager(ours, eager, rope_magnitude(x, c, s, "interleaved"), 2)
+
+
+def test_unaligned_and_odd_layouts(tk):
+    """Misaligned pointers and odd strides take the pair-by-pair path and give the same result."""
+    B, S, H, d = 2, 9, 3, 64
+    buf = random_input((B * S * H * d + 1,), torch.bfloat16)
+    q = buf[1:].view(B, S, H, d)
+    k = random_input((B, S, H, d), torch.bfloat16)
+    cos, sin = hf_cos_sin(B, S, d, torch.bfloat16)
+    q_out, _ = tk.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=2)
+    q_eager, _ = hf_apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=2)
+    assert_matches_eager(q_out, q_eager, rope_magnitude(q, cos.unsqueeze(2), sin.unsqueeze(2), "neox"), 4)
+
+
+def _bf(*shape):
+    return torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
+
+
+BAD = {
+    "odd_rotary": (lambda t: t.ops.rope(_bf(1, 4, 2, 64), _bf(1, 4, 2, 64), _bf(1, 4, 63), _bf(1, 4, 63), "neox", False),
+                   ValueError, "must be even"),
+    "rotary_wider_than_head": (lambda t: t.ops.rope(_bf(1, 4, 2, 64), _bf(1, 4, 2, 64), _bf(1, 4, 128),
+                                                    _bf(1, 4, 128), "neox", False), ValueError, "at most head_dim"),
+    "fp32_tables_without_fp32_math": (lambda t: t.apply_rotary_pos_emb(_bf(1, 2, 4, 64), _bf(1, 2, 4, 64),
+                                                                       _bf(1, 4, 64).float(), _bf(1, 4, 64).float()),
+                                      TypeError, "cos must have dtype"),
+    "k_head_dim": (lambda t: t.ops.rope(_bf(1, 4, 2, 64), _bf(1, 4, 2, 32), _bf(1, 4, 64), _bf(1, 4, 64), "neox", False),
+                   ValueError, "k must be"),
+    "q_3d": (lambda t: t.ops.rope(_bf(4, 2, 64), _bf(1, 4, 2, 64), _bf(1, 4, 64), _bf(1, 4, 64), "neox", False),
+             ValueError, "q must be 4-D"),
+    "style": (lambda t: t.ops.rope(_bf(1, 4, 2, 64), _bf(1, 4, 2, 64), _bf(1, 4, 64), _bf(1, 4, 64), "gptj", False),
+              ValueError, "style must be"),
+    "cos_seq_len": (lambda t: t.apply_rotary_pos_emb(_bf(1, 2, 4, 64), _bf(1, 2, 4, 64), _bf(1, 5, 64), _bf(1, 5, 64)),
+                    ValueError, "cos must be"),
+    "in_place_q_is_k": (lambda t: (lambda x: t.apply_rotary_pos_emb_(x, x, _bf(1, 4, 64), _bf(1, 4, 64)))(
+        _bf(1, 2, 4, 64)), ValueError, "q must not share memory with k"),
+    "cpu": (lambda t: t.apply_rotary_pos_emb(torch.randn(1, 2, 4, 64), torch.randn(1, 2, 4, 64),
+                                             torch.randn(1, 4, 64), torch.randn(1, 4, 64)), ValueError,
+            "q must be a CUDA tensor"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_input_raises_clear_error(tk, case):
+    call, exc, message = BAD[case]
+    with pytest.raises(exc, match=message):
+        call(tk)
+    torch.cuda.synchronize()
+
+
+def test_opcheck_and_compile(tk):
+    q, k = _bf(2, 16, 4, 64), _bf(2, 16, 2, 64)
+    cos, sin = hf_cos_sin(2, 16, 64, torch.bfloat16)
+    torch.library.opcheck(tk.ops.rope.default, (q, k, cos, sin, "neox", False))
+    torch.library.opcheck(tk.ops.rope_.default, (q.clone(), k.clone(), cos.float(), sin.float(), "interleaved", True))
+    torch._dynamo.reset()
+    f = torch.compile(lambda q, k: tk.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=2), fullgraph=True)
+    for a, b in zip(f(q, k), tk.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=2)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)

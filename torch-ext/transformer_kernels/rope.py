@@ -1,0 +1,77 @@
+"""Rotary position embeddings: Python API and fake (meta) implementations.
+
+One launch rotates q and k. The forms follow the libraries they replace:
+
+- ``apply_rotary_pos_emb``: transformers' function of the same name and signature. q ``[B, Hq, S, d]``
+  and k ``[B, Hk, S, d]`` (often strided views of a fused QKV projection), cos/sin ``[B, S, R]`` in
+  the model dtype, half rotation (NeoX), each op rounded to the model dtype.
+- ``ltx_rotary_emb``: diffusers' LTX-Video ``apply_rotary_emb`` on q and k ``[B, S, H*d]`` with fp32
+  cos/sin ``[B, S, H*d]``: interleaved pairs over the whole hidden, fp32 math, one rounding.
+- ``flux_rotary_emb``: diffusers' Flux ``apply_rotary_emb`` (``use_real_unbind_dim=-1``) on q and k
+  ``[B, S, H, d]`` with fp32 cos/sin ``[S, d]``: interleaved pairs per head, fp32 math.
+"""
+
+from typing import Tuple
+
+import torch
+
+from ._ops import add_op_namespace_prefix, ops
+
+STYLES = ("neox", "interleaved")
+
+
+def _to_bshd(t: torch.Tensor, unsqueeze_dim: int) -> torch.Tensor:
+    if unsqueeze_dim == 1:  # [B, H, S, d] -> [B, S, H, d] view
+        return t.transpose(1, 2)
+    if unsqueeze_dim == 2:
+        return t
+    raise ValueError(f"apply_rotary_pos_emb: unsqueeze_dim must be 1 ([B, H, S, d]) or 2 ([B, S, H, d]), got {unsqueeze_dim}")
+
+
+def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                         unsqueeze_dim: int = 1) -> Tuple[torch.Tensor, torch.Tensor]:
+    """transformers' ``apply_rotary_pos_emb``: ``q * cos + rotate_half(q) * sin`` (and k).
+
+    cos/sin ``[B, S, R]`` (``R <= d``; channels ``>= R`` pass through); returns new tensors in q and k's
+    layout (``[B, H, S, d]`` for ``unsqueeze_dim=1``)."""
+    q_out, k_out = _rope(_to_bshd(q, unsqueeze_dim), _to_bshd(k, unsqueeze_dim), cos, sin, "neox", False)
+    if unsqueeze_dim == 1:
+        return q_out.transpose(1, 2), k_out.transpose(1, 2)
+    return q_out, k_out
+
+
+def apply_rotary_pos_emb_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                          unsqueeze_dim: int = 1) -> Tuple[torch.Tensor, torch.Tensor]:
+    """In-place ``apply_rotary_pos_emb``: q and k are overwritten and returned."""
+    _rope_(_to_bshd(q, unsqueeze_dim), _to_bshd(k, unsqueeze_dim), cos, sin, "neox", False)
+    return q, k
+
+
+def ltx_rotary_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                   ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """LTX-Video's rotation of q and k ``[B, S, C]`` (before the head split) with fp32 cos/sin
+    ``[B, S, C]``. Pairs never straddle heads, so the whole hidden is rotated as one row; the
+    identity channels LTX prepends when ``C % 6 != 0`` are in the tables (cos 1, sin 0)."""
+    q_out, k_out = _rope(q.unsqueeze(2), k.unsqueeze(2), cos, sin, "interleaved", True)
+    return q_out.squeeze(2), k_out.squeeze(2)
+
+
+def flux_rotary_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                    ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Flux's rotation of q and k ``[B, S, H, d]`` with fp32 cos/sin ``[S, d]`` (shared by every head)."""
+    return _rope(q, k, cos.unsqueeze(0), sin.unsqueeze(0), "interleaved", True)
+
+
+_rope = ops.rope.default
+_rope_ = ops.rope_.default
+
+
+@torch.library.register_fake(add_op_namespace_prefix("rope"))
+def _(q, k, cos, sin, style, fp32_math):
+    torch._check(style in STYLES, lambda: f"rope: style must be one of {STYLES}, got {style!r}")
+    return q.new_empty(q.shape), k.new_empty(k.shape)
+
+
+@torch.library.register_fake(add_op_namespace_prefix("rope_"))
+def _(q, k, cos, sin, style, fp32_math):
+    torch._check(style in STYLES, lambda: f"rope: style must be one of {STYLES}, got {style!r}")
