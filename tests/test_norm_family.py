@@ -168,13 +168,13 @@ def test_norm_modulate_with_affine_and_no_shift(tk, norm):
 
 @pytest.mark.parametrize("norm", ["rms", "layer"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("mod", ["per_sample", "per_token", "table_view"])
+@pytest.mark.parametrize("mod", ["per_sample", "per_token", "table_view", "no_gate"])
 @pytest.mark.parametrize("hidden", [127, 2048, 65536])
 def test_gated_add_norm_modulate(tk, norm, dtype, mod, hidden):
     B, S = 2, max(1, min(37, (1 << 19) // hidden))
     x, y = random_input((B, S, hidden), dtype), random_input((B, S, hidden), dtype)
-    scale, shift = modulation_shapes(B, S, hidden)[mod](dtype)
-    gate = modulation_shapes(B, S, hidden)[mod](dtype)[0]
+    scale, shift = modulation_shapes(B, S, hidden)["per_sample" if mod == "no_gate" else mod](dtype)
+    gate = None if mod == "no_gate" else modulation_shapes(B, S, hidden)[mod](dtype)[0]
     h, out = poisoned(x.shape, dtype), poisoned(x.shape, dtype)
     res = tk.gated_add_norm_modulate(x, y, gate, scale, shift, norm=norm, eps=EPS, h_out=h, out=out)
     assert res[0] is h and res[1] is out
@@ -285,6 +285,7 @@ def test_opcheck(tk):
         (tk.ops.norm_modulate.default, (x, s, sh, None, None, EPS, "rms")),
         (tk.ops.norm_modulate_out.default, (torch.empty_like(x), x, s, None, w, w, EPS, "layer")),
         (tk.ops.gated_add_norm_modulate.default, (x, y, g, s, sh, None, None, EPS, "rms")),
+        (tk.ops.gated_add_norm_modulate.default, (x, y, None, s, sh, None, None, EPS, "layer")),
         (tk.ops.gated_add_norm_modulate_out.default,
          (torch.empty_like(x), torch.empty_like(x), x, y, g, s, sh, None, None, EPS, "layer")),
     ]

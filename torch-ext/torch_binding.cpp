@@ -27,10 +27,10 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
           " -> Tensor");
   ops.def("norm_modulate_out(Tensor! out, Tensor x, Tensor scale, Tensor? shift, Tensor? weight, Tensor? bias,"
           " float eps, str norm) -> ()");
-  // DiT block: h = x + gate * y; out = norm(h) * (1 + scale) + shift; returns (h, out).
-  ops.def("gated_add_norm_modulate(Tensor x, Tensor y, Tensor gate, Tensor scale, Tensor? shift, Tensor? weight,"
+  // DiT block: h = x + gate * y (x + y without a gate); out = norm(h) * (1 + scale) + shift; -> (h, out).
+  ops.def("gated_add_norm_modulate(Tensor x, Tensor y, Tensor? gate, Tensor scale, Tensor? shift, Tensor? weight,"
           " Tensor? bias, float eps, str norm) -> (Tensor, Tensor)");
-  ops.def("gated_add_norm_modulate_out(Tensor! h_out, Tensor! out, Tensor x, Tensor y, Tensor gate, Tensor scale,"
+  ops.def("gated_add_norm_modulate_out(Tensor! h_out, Tensor! out, Tensor x, Tensor y, Tensor? gate, Tensor scale,"
           " Tensor? shift, Tensor? weight, Tensor? bias, float eps, str norm) -> ()");
 
   // act(x), act "silu" | "gelu" | "gelu_tanh", as F.silu / F.gelu compute it.

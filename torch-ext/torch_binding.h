@@ -37,12 +37,12 @@ void norm_modulate_out(torch::Tensor& out, const torch::Tensor& x, const torch::
                        const OptTensor& weight, const OptTensor& bias, double eps, std::string_view norm);
 
 std::tuple<torch::Tensor, torch::Tensor> gated_add_norm_modulate(const torch::Tensor& x, const torch::Tensor& y,
-                                                                 const torch::Tensor& gate, const torch::Tensor& scale,
+                                                                 const OptTensor& gate, const torch::Tensor& scale,
                                                                  const OptTensor& shift, const OptTensor& weight,
                                                                  const OptTensor& bias, double eps,
                                                                  std::string_view norm);
 void gated_add_norm_modulate_out(torch::Tensor& h_out, torch::Tensor& out, const torch::Tensor& x,
-                                 const torch::Tensor& y, const torch::Tensor& gate, const torch::Tensor& scale,
+                                 const torch::Tensor& y, const OptTensor& gate, const torch::Tensor& scale,
                                  const OptTensor& shift, const OptTensor& weight, const OptTensor& bias, double eps,
                                  std::string_view norm);
 

@@ -168,9 +168,11 @@ void launch(const NormCall& c) {
   if (c.type == N::kRms && c.pre == P::kNone && !mod) return dispatch_dtypes<N::kRms, P::kNone, false>(c);
   if (c.type == N::kRms && c.pre == P::kNone && mod) return dispatch_dtypes<N::kRms, P::kNone, true>(c);
   if (c.type == N::kRms && c.pre == P::kResidual && !mod) return dispatch_dtypes<N::kRms, P::kResidual, false>(c);
+  if (c.type == N::kRms && c.pre == P::kResidual && mod) return dispatch_dtypes<N::kRms, P::kResidual, true>(c);
   if (c.type == N::kRms && c.pre == P::kGated && mod) return dispatch_dtypes<N::kRms, P::kGated, true>(c);
   if (c.type == N::kLayer && c.pre == P::kNone && !mod) return dispatch_dtypes<N::kLayer, P::kNone, false>(c);
   if (c.type == N::kLayer && c.pre == P::kNone && mod) return dispatch_dtypes<N::kLayer, P::kNone, true>(c);
+  if (c.type == N::kLayer && c.pre == P::kResidual && mod) return dispatch_dtypes<N::kLayer, P::kResidual, true>(c);
   if (c.type == N::kLayer && c.pre == P::kGated && mod) return dispatch_dtypes<N::kLayer, P::kGated, true>(c);
   TORCH_CHECK(false, c.op, ": unsupported norm/pre-add/modulation combination");
 }
@@ -330,30 +332,37 @@ void norm_modulate_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& s
   launch(c);
 }
 
-// ---- gated residual + AdaLN: h = x + gate * y; out = norm(h) * (1 + scale) + shift ----
+// ---- (gated) residual + AdaLN: h = x + gate * y (or x + y); out = norm(h) * (1 + scale) + shift ----
+
+namespace {
+void check_gated(const char* op, const at::Tensor& x, const at::Tensor& y, const OptTensor& gate) {
+  check_same_as_x(op, y, "y", x);
+  if (gate) check_broadcasts_to(op, *gate, "gate", x);
+}
+}  // namespace
 
 std::tuple<at::Tensor, at::Tensor> gated_add_norm_modulate(const at::Tensor& x, const at::Tensor& y,
-                                                           const at::Tensor& gate, const at::Tensor& scale,
+                                                           const OptTensor& gate, const at::Tensor& scale,
                                                            const OptTensor& shift, const OptTensor& weight,
                                                            const OptTensor& bias, double eps, std::string_view norm) {
   constexpr const char* op = "gated_add_norm_modulate";
   const NormType type = check_modulated(op, x, scale, shift, weight, bias, eps, norm);
-  check_same_as_x(op, y, "y", x);
-  check_broadcasts_to(op, gate, "gate", x);
+  check_gated(op, x, y, gate);
   at::Tensor h = empty_like_rows(x, x.scalar_type());
   at::Tensor out = empty_like_rows(x, x.scalar_type());
-  launch({op, type, PreAdd::kGated, &x, &y, &gate, &weight, &bias, &scale, &shift, &out, &h, eps, true});
+  launch({op, type, gate ? PreAdd::kGated : PreAdd::kResidual, &x, &y, gate ? &*gate : nullptr, &weight, &bias,
+          &scale, &shift, &out, &h, eps, true});
   return {h, out};
 }
 
 void gated_add_norm_modulate_out(at::Tensor& h_out, at::Tensor& out, const at::Tensor& x, const at::Tensor& y,
-                                 const at::Tensor& gate, const at::Tensor& scale, const OptTensor& shift,
+                                 const OptTensor& gate, const at::Tensor& scale, const OptTensor& shift,
                                  const OptTensor& weight, const OptTensor& bias, double eps, std::string_view norm) {
   constexpr const char* op = "gated_add_norm_modulate";
   const NormType type = check_modulated(op, x, scale, shift, weight, bias, eps, norm);
-  check_same_as_x(op, y, "y", x);
-  check_broadcasts_to(op, gate, "gate", x);
-  const NormCall c{op, type, PreAdd::kGated, &x, &y, &gate, &weight, &bias, &scale, &shift, &out, &h_out, eps, true};
+  check_gated(op, x, y, gate);
+  const NormCall c{op,     type,   gate ? PreAdd::kGated : PreAdd::kResidual, &x,   &y,     gate ? &*gate : nullptr,
+                   &weight, &bias, &scale,  &shift, &out, &h_out, eps, true};
   check_output(c, out, "out", x.scalar_type());
   check_output(c, h_out, "h_out", x.scalar_type());
   check_no_overlap(op, out, "out", h_out, "h_out");

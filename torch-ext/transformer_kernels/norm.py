@@ -166,7 +166,7 @@ def norm_modulate(
 def gated_add_norm_modulate(
     x: torch.Tensor,
     y: torch.Tensor,
-    gate: torch.Tensor,
+    gate: Optional[torch.Tensor],
     scale: torch.Tensor,
     shift: Optional[torch.Tensor] = None,
     norm: str = "rms",
@@ -176,9 +176,10 @@ def gated_add_norm_modulate(
     h_out: Optional[torch.Tensor] = None,
     out: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """A DiT block's gated residual and the next modulated norm in one pass.
+    """A DiT block's residual add and the next modulated norm in one pass.
 
-    ``h = x + gate * y`` (LTX-Video's ``hidden_states + attn_output * gate_msa``), then
+    ``h = x + gate * y`` (a gated residual, ``hidden_states + attn_output * gate_msa``), or
+    ``h = x + y`` with ``gate=None`` (LTX-Video's cross-attention residual before ``norm2``), then
     ``out = norm(h) * (1 + scale) + shift``, each step rounded as the eager code does.
 
     Returns
