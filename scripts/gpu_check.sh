@@ -5,7 +5,7 @@
 #   scripts/gpu_check.sh [RESULTS_DIR]      (default: benchmarks/results)
 #
 # On a machine without network, the wheels that scripts/fetch_gpu_wheels.sh put in .whl/ are
-# installed first (kernels, kernel-abi-check, liger-kernel).
+# installed first (kernels, kernel-abi-check, liger-kernel, diffusers).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RESULTS_DIR="${1:-benchmarks/results}"
@@ -25,4 +25,9 @@ time "$PYTHON" -m pytest -v --tb=short -p no:cacheprovider --maxfail=200 2>&1 | 
 tests_rc=${PIPESTATUS[0]}
 set -e
 time "$PYTHON" benchmarks/bench_micro.py --out "$RESULTS_DIR" "${@:2}"
+# End to end: LTX-Video 2B transformer, 49 frames at 512x768, batch 2 (the baseline's shape).
+if [ "${TK_SKIP_E2E:-0}" != "1" ] && "$PYTHON" -c "import diffusers" 2>/dev/null; then
+  time "$PYTHON" benchmarks/bench_ltx.py --matrix --num-frames 49 --height 512 --width 768 --steps 10 \
+    --warmup-iterations 1 --out "$RESULTS_DIR"
+fi
 exit "$tests_rc"
