@@ -25,9 +25,4 @@ time "$PYTHON" -m pytest -v --tb=short -p no:cacheprovider --maxfail=200 2>&1 | 
 tests_rc=${PIPESTATUS[0]}
 set -e
 time "$PYTHON" benchmarks/bench_micro.py --out "$RESULTS_DIR" "${@:2}"
-# End to end: LTX-Video 2B transformer, 49 frames at 512x768, batch 2 (the baseline's shape).
-if [ "${TK_SKIP_E2E:-0}" != "1" ] && "$PYTHON" -c "import diffusers" 2>/dev/null; then
-  time "$PYTHON" benchmarks/bench_ltx.py --matrix --num-frames 49 --height 512 --width 768 --steps 10 \
-    --warmup-iterations 1 --out "$RESULTS_DIR"
-fi
 exit "$tests_rc"
