@@ -10,8 +10,8 @@ Mistral, Qwen2 and Qwen3 share one table):
 - ``*RMSNorm`` with ``variance_epsilon``: ``rms_norm`` with transformers' rounding (the remaining
   input norms, Qwen3's per-head q/k norms, the final norm).
 
-RoPE goes through transformers' own hook (``apply_rotary_pos_emb`` is a hub-replaceable function)
-and is not patched here.
+RoPE goes through transformers' own hook: ``apply_rotary_pos_emb`` is a hub-replaceable function,
+so ``kernelize`` with ``kernel_mapping()`` swaps in our ``RotaryPosEmb`` (and RMSNorm, SiLU).
 """
 
 from __future__ import annotations
@@ -24,7 +24,20 @@ from typing import Callable
 import torch
 
 from .diffusers_models import InjectionReport
-from .loading import load_kernel
+from .loading import REPO_ID, load_kernel
+
+# transformers' hub layer names -> our layers, for kernels.use_kernel_mapping + kernelize (the Hub
+# path). revision="v1" names the branch version=1 resolves to, which also works offline with
+# LOCAL_KERNELS (kernels 0.17 resolves version= on the Hub even then).
+HUB_LAYERS = {"RMSNorm": "RMSNorm", "rotary_pos_emb": "RotaryPosEmb", "SiLU": "Silu", "GeluTanh": "GeluTanh"}
+
+
+def kernel_mapping(device: str = "cuda") -> dict:
+    """The mapping for ``kernels.use_kernel_mapping``: every transformers hub layer we implement."""
+    from kernels import LayerRepository
+
+    return {name: {device: LayerRepository(REPO_ID, layer_name=layer, revision="v1")}
+            for name, layer in HUB_LAYERS.items()}
 
 
 def _decoder_layer_forward(tk: ModuleType) -> Callable:

@@ -68,3 +68,20 @@ def test_injected_model_matches_eager_on_gpu(tk, name):
     assert ((out - expected).norm() / expected.norm()).item() < 1e-2
     generated = model.generate(ids[:, :5], max_new_tokens=4, do_sample=False)  # decode with a KV cache
     assert generated.shape == (2, 9)
+
+
+def test_hub_layers_validate_against_transformers_layers(tk):
+    """kernelize's own validation of each mapped layer against the class (or function) it replaces."""
+    from kernels.layer.layer import _create_func_module, _validate_layer
+    from transformers import activations
+    from transformers.models.llama import modeling_llama
+
+    from integrations.transformers_models import HUB_LAYERS, kernel_mapping
+
+    hosts = {"RMSNorm": modeling_llama.LlamaRMSNorm, "SiLU": getattr(activations, "SiLUActivation", None),
+             "GeluTanh": getattr(activations, "GELUTanh", None),
+             "rotary_pos_emb": _create_func_module(modeling_llama.apply_rotary_pos_emb)}
+    for hub_name, layer in HUB_LAYERS.items():
+        if hosts[hub_name] is not None:  # older transformers lack some of the classes
+            _validate_layer(check_cls=hosts[hub_name], cls=getattr(tk.layers, layer), repo=hub_name)
+    assert set(kernel_mapping()) == set(HUB_LAYERS)

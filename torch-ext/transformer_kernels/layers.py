@@ -9,6 +9,7 @@ import torch
 
 from .activation import gelu, gelu_and_mul, gelu_tanh_and_mul, silu, silu_and_mul
 from .norm import layer_norm, rms_norm
+from .rope import apply_rotary_pos_emb
 
 
 class RMSNorm(torch.nn.Module):
@@ -123,4 +124,21 @@ class GeluTanhAndMul(torch.nn.Module):
         return gelu_tanh_and_mul(x)
 
 
-__all__ = ["Gelu", "GeluAndMul", "GeluTanh", "GeluTanhAndMul", "LayerNorm", "RMSNorm", "Silu", "SiluAndMul"]
+class RotaryPosEmb(torch.nn.Module):
+    """transformers' ``apply_rotary_pos_emb`` (hub function name ``"rotary_pos_emb"``): q and k rotated
+    in one launch; returns ``(q_embed, k_embed)``.
+
+    Shapes:
+        - q: ``[B, Hq, S, d]``, k: ``[B, Hk, S, d]`` (``unsqueeze_dim=1``)
+        - cos, sin: ``[B, S, R]``, ``R <= d``
+    """
+
+    can_torch_compile: bool = True
+    has_backward: bool = False
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int = 1):
+        return apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim)
+
+
+__all__ = ["Gelu", "GeluAndMul", "GeluTanh", "GeluTanhAndMul", "LayerNorm", "RMSNorm", "RotaryPosEmb", "Silu",
+           "SiluAndMul"]
