@@ -54,3 +54,12 @@ def mismatch_vs_eager(ours, eager, magnitude, ulps):
 def assert_matches_eager(ours, eager, magnitude, ulps=2):
     share = mismatch_vs_eager(ours, eager, magnitude, ulps)
     assert share <= MISMATCH_BUDGET.get(ours.dtype, 1.0), f"{share:.2%} of the elements differ from eager"
+
+
+def assert_rejects(call, exc, message):
+    """call() raises `exc` whose message contains `message` (a regex), and leaves no pending CUDA error."""
+    import pytest
+
+    with pytest.raises(exc, match=message):
+        call()
+    torch.cuda.synchronize()
