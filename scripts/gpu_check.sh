@@ -25,4 +25,5 @@ time "$PYTHON" -m pytest -v --tb=short -p no:cacheprovider --maxfail=200 2>&1 | 
 tests_rc=${PIPESTATUS[0]}
 set -e
 time "$PYTHON" benchmarks/bench_micro.py --out "$RESULTS_DIR" "${@:2}"
+for json in "$RESULTS_DIR"/micro-*.json; do "$PYTHON" benchmarks/plot_micro.py "$json"; done
 exit "$tests_rc"
