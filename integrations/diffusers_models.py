@@ -1,5 +1,8 @@
 """Swap transformer-kernels into diffusers models with one call: ``report = inject(pipe_or_model)``.
 
+Covered: LTX-Video (blocks, attention, FFN, norms) and Flux (AdaLayerNormZero modulation, attention,
+FFN, norms); any model's RMSNorm, LayerNorm and GELU modules.
+
 What is replaced is a table (``RULES``): each rule names the module class it matches (by class
 name, so both ``diffusers.models.normalization.RMSNorm`` and ``torch.nn.RMSNorm`` are found), and
 how it patches an instance. Rules for a containing module run first and claim the modules they
@@ -83,6 +86,79 @@ def _ltx_block_forward(tk: ModuleType) -> Callable:
     return forward
 
 
+def _adaln_zero_forward(tk: ModuleType) -> Callable:
+    """``AdaLayerNormZero`` (Flux, SD3 blocks): the LayerNorm and its modulation in one kernel."""
+
+    def forward(self, x, timestep=None, class_labels=None, hidden_dtype=None, emb=None):
+        if self.emb is not None:
+            emb = self.emb(timestep, class_labels, hidden_dtype=hidden_dtype)
+        emb = self.linear(self.silu(emb))
+        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = emb.chunk(6, dim=1)
+        x = tk.norm_modulate(x, scale_msa[:, None], shift_msa[:, None], norm="layer", weight=self.norm.weight,
+                             bias=self.norm.bias, eps=self.norm.eps)
+        return x, gate_msa, shift_mlp, scale_mlp, gate_mlp
+
+    return forward
+
+
+def _adaln_zero_single_forward(tk: ModuleType) -> Callable:
+    """``AdaLayerNormZeroSingle`` (Flux single blocks)."""
+
+    def forward(self, x, emb=None):
+        emb = self.linear(self.silu(emb))
+        shift_msa, scale_msa, gate_msa = emb.chunk(3, dim=1)
+        x = tk.norm_modulate(x, scale_msa[:, None], shift_msa[:, None], norm="layer", weight=self.norm.weight,
+                             bias=self.norm.bias, eps=self.norm.eps)
+        return x, gate_msa
+
+    return forward
+
+
+def _torch_rms_norm(tk: ModuleType, norm: torch.nn.RMSNorm, x: torch.Tensor) -> torch.Tensor:
+    eps = norm.eps if norm.eps is not None else torch.finfo(torch.float32).eps
+    return tk.rms_norm(x, norm.weight, eps, rounding="torch")
+
+
+class FluxAttnProcessor:
+    """``FluxAttnProcessor`` with our per-head q/k RMSNorms and Flux's rotary embedding of q and k in
+    one launch. Same positional signature as the original."""
+
+    _attention_backend = None
+    _parallel_config = None
+
+    def __init__(self, tk: ModuleType):
+        self.tk = tk
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None):
+        from diffusers.models.attention_dispatch import dispatch_attention_fn
+        from diffusers.models.transformers.transformer_flux import _get_qkv_projections
+
+        query, key, value, encoder_query, encoder_key, encoder_value = _get_qkv_projections(
+            attn, hidden_states, encoder_hidden_states)
+        query = _torch_rms_norm(self.tk, attn.norm_q, query.unflatten(-1, (-1, attn.head_dim)))
+        key = _torch_rms_norm(self.tk, attn.norm_k, key.unflatten(-1, (-1, attn.head_dim)))
+        value = value.unflatten(-1, (-1, attn.head_dim))
+        if attn.added_kv_proj_dim is not None:
+            encoder_query = _torch_rms_norm(self.tk, attn.norm_added_q, encoder_query.unflatten(-1, (-1, attn.head_dim)))
+            encoder_key = _torch_rms_norm(self.tk, attn.norm_added_k, encoder_key.unflatten(-1, (-1, attn.head_dim)))
+            encoder_value = encoder_value.unflatten(-1, (-1, attn.head_dim))
+            query = torch.cat([encoder_query, query], dim=1)
+            key = torch.cat([encoder_key, key], dim=1)
+            value = torch.cat([encoder_value, value], dim=1)
+        if image_rotary_emb is not None:
+            query, key = self.tk.flux_rotary_emb(query, key, *image_rotary_emb)
+
+        hidden_states = dispatch_attention_fn(query, key, value, attn_mask=attention_mask,
+                                              backend=self._attention_backend, parallel_config=self._parallel_config)
+        hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
+        if encoder_hidden_states is not None:
+            encoder_hidden_states, hidden_states = hidden_states.split_with_sizes(
+                [encoder_hidden_states.shape[1], hidden_states.shape[1] - encoder_hidden_states.shape[1]], dim=1)
+            hidden_states = attn.to_out[1](attn.to_out[0](hidden_states.contiguous()))
+            return hidden_states, attn.to_add_out(encoder_hidden_states.contiguous())
+        return hidden_states
+
+
 class LTXAttnProcessor:
     """``LTXVideoAttnProcessor`` with our q/k RMSNorm (``torch.nn.RMSNorm`` across heads) and the
     LTX rotary embedding of q and k in one launch. Same positional signature as the original."""
@@ -123,8 +199,7 @@ class LTXAttnProcessor:
         return attn.to_out[1](hidden_states)
 
     def _qk_norm(self, norm: torch.nn.RMSNorm, x: torch.Tensor) -> torch.Tensor:
-        eps = norm.eps if norm.eps is not None else torch.finfo(torch.float32).eps
-        return self.tk.rms_norm(x, norm.weight, eps, rounding="torch")
+        return _torch_rms_norm(self.tk, norm, x)
 
 
 # ---- the table ----
@@ -157,6 +232,18 @@ def _gelu_skip(m: torch.nn.Module) -> str | None:
     return None if getattr(m, "approximate", None) in ("none", "tanh") else "unknown GELU approximation"
 
 
+def _flux_attention_skip(m: torch.nn.Module) -> str | None:
+    if type(getattr(m, "processor", None)).__name__ != "FluxAttnProcessor":
+        return f"processor {type(getattr(m, 'processor', None)).__name__} is not the default FluxAttnProcessor"
+    if not isinstance(getattr(m, "norm_q", None), torch.nn.RMSNorm):
+        return "q/k norm is not torch.nn.RMSNorm"
+    return None
+
+
+def _adaln_skip(m: torch.nn.Module) -> str | None:
+    return None if type(getattr(m, "norm", None)) is torch.nn.LayerNorm else "its norm is not a plain LayerNorm"
+
+
 def _layer_norm_skip(m: torch.nn.Module) -> str | None:
     return None if len(m.normalized_shape) == 1 else "normalizes more than the last dimension"
 
@@ -166,6 +253,12 @@ RULES: tuple[Rule, ...] = (
          claims=("norm1", "norm2")),
     Rule("ltx_attention", ("LTXAttention",), lambda m, tk: m.set_processor(LTXAttnProcessor(tk)),
          claims=("norm_q", "norm_k"), applies=_ltx_attention_skip),
+    Rule("flux_attention", ("FluxAttention",), lambda m, tk: m.set_processor(FluxAttnProcessor(tk)),
+         claims=("norm_q", "norm_k", "norm_added_q", "norm_added_k"), applies=_flux_attention_skip),
+    Rule("adaln_zero", ("AdaLayerNormZero",), lambda m, tk: _set_forward(m, _adaln_zero_forward, tk),
+         claims=("norm",), applies=_adaln_skip),
+    Rule("adaln_zero_single", ("AdaLayerNormZeroSingle",),
+         lambda m, tk: _set_forward(m, _adaln_zero_single_forward, tk), claims=("norm",), applies=_adaln_skip),
     Rule("gelu", ("GELU",), lambda m, tk: _set_forward(m, _gelu_forward, tk), applies=_gelu_skip),
     Rule("rms_norm", ("RMSNorm",), lambda m, tk: _set_forward(m, _rms_norm_forward, tk)),
     Rule("layer_norm", ("LayerNorm", "FP32LayerNorm"), lambda m, tk: _set_forward(m, _layer_norm_forward, tk),

@@ -28,6 +28,8 @@ EAGER_TK = SimpleNamespace(
     gelu=lambda x, approximate="none": eager_activation(x, "gelu" if approximate == "none" else "gelu_tanh"),
     ltx_rotary_emb=lambda q, k, cos, sin: (diffusers_interleaved_rotary(q, cos, sin),
                                            diffusers_interleaved_rotary(k, cos, sin)),
+    flux_rotary_emb=lambda q, k, cos, sin: (diffusers_interleaved_rotary(q, cos[None, :, None], sin[None, :, None]),
+                                            diffusers_interleaved_rotary(k, cos[None, :, None], sin[None, :, None])),
 )
 
 
@@ -106,3 +108,46 @@ def test_injected_model_compiles_fullgraph(tk):
     torch._dynamo.reset()
     compiled = torch.compile(model, fullgraph=True)
     torch.testing.assert_close(compiled(**inputs)[0], eager, rtol=2e-2, atol=2e-2)
+
+
+def small_flux(dtype=torch.float32, device="cpu"):
+    torch.manual_seed(0)
+    model = diffusers.FluxTransformer2DModel(patch_size=1, in_channels=16, num_layers=1, num_single_layers=1,
+                                             attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32,
+                                             pooled_projection_dim=16, axes_dims_rope=(4, 6, 6))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+    return model.to(device, dtype).eval()
+
+
+def flux_inputs(dtype=torch.float32, device="cpu", B=2, S_img=24, S_txt=7):
+    g = torch.Generator().manual_seed(2)
+    return dict(hidden_states=torch.randn(B, S_img, 16, generator=g).to(device, dtype),
+                encoder_hidden_states=torch.randn(B, S_txt, 32, generator=g).to(device, dtype),
+                pooled_projections=torch.randn(B, 16, generator=g).to(device, dtype),
+                timestep=torch.tensor([0.3, 0.7], device=device, dtype=dtype),
+                img_ids=torch.randint(0, 8, (S_img, 3), generator=g).float().to(device),
+                txt_ids=torch.zeros(S_txt, 3, device=device), return_dict=False)
+
+
+def test_flux_report_and_exact_wiring_on_cpu(tk):
+    report = inject(small_flux(), tk)
+    assert report.replaced.get("flux_attention") == 2 and report.replaced.get("adaln_zero") == 2
+    assert report.replaced.get("adaln_zero_single") == 1, report
+    model = small_flux()
+    inputs = flux_inputs()
+    expected = model(**inputs)[0]
+    inject(model, EAGER_TK)
+    torch.testing.assert_close(model(**inputs)[0], expected, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+def test_flux_injected_matches_eager_on_gpu(tk):
+    model = small_flux(torch.bfloat16, "cuda")
+    inputs = flux_inputs(torch.bfloat16, "cuda")
+    expected = model(**inputs)[0].float()
+    inject(model, tk)
+    out = model(**inputs)[0].float()
+    assert ((out - expected).norm() / expected.norm()).item() < 1e-2
