@@ -141,7 +141,7 @@ BAD = {
     "bad_activation": (lambda t: t.act_mul(_bf(4, 8), _bf(4, 8), "relu"), ValueError, "activation must be"),
     "up_shape": (lambda t: t.act_mul(_bf(4, 8), _bf(4, 9)), ValueError, "up must have the shape of x"),
     "up_dtype": (lambda t: t.act_mul(_bf(4, 8), _bf(4, 8).float()), TypeError, "up must have dtype"),
-    "out_shape": (lambda t: t.silu_and_mul(_bf(4, 8), out=_bf(4, 8)), ValueError, "out must have shape"),
+    "out_shape": (lambda t: t.silu_and_mul(_bf(4, 8), out=_bf(4, 8)), ValueError, r"out must have the shape \[4, 4\]"),
     "out_dtype": (lambda t: t.silu(_bf(4, 8), out=_bf(4, 8).half()), TypeError, "out must have dtype"),
     "out_aliases_input": (lambda t: (lambda x: t.silu(x, out=x))(_bf(4, 8)), ValueError, "out must not share memory"),
     "gate_not_broadcast": (lambda t: t.gated_add(_bf(2, 3, 8), _bf(2, 3, 8), _bf(3, 1, 8)), ValueError,

@@ -158,7 +158,7 @@ BAD = {
     "weight_cpu": (lambda: dict(weight=torch.randn(64, dtype=torch.bfloat16)), ValueError,
                    "weight must be a CUDA tensor"),
     "weight_strided": (lambda: dict(weight=torch.randn(128, **_BF16)[::2]), ValueError, "weight must be contiguous"),
-    "out_shape": (lambda: dict(out=torch.empty(4, 65, **_BF16)), ValueError, "out must have the shape of x"),
+    "out_shape": (lambda: dict(out=torch.empty(4, 65, **_BF16)), ValueError, r"out must have the shape \[4, 64\]"),
     "out_dtype": (lambda: dict(out=torch.empty(4, 64, device="cuda", dtype=torch.float32)), TypeError,
                   "out must have dtype"),
     "out_cpu": (lambda: dict(out=torch.empty(4, 64, dtype=torch.bfloat16)), ValueError, "out must be a CUDA tensor"),

@@ -82,17 +82,6 @@ void check_x(const char* op, const at::Tensor& x) {
   check_row_count(op, num_rows(x), "x");
 }
 
-// out must have `sizes`, x's dtype and device, a contiguous last dim, and overlap no input.
-void check_out(const char* op, const at::Tensor& out, at::IntArrayRef sizes, const at::Tensor& x,
-               std::initializer_list<std::pair<const at::Tensor*, const char*>> inputs) {
-  check_same_device(op, out, "out", x, "x");
-  TORCH_CHECK_VALUE(out.sizes() == sizes, op, ": out must have shape ", sizes, ", got ", out.sizes());
-  check_dtype(op, out, "out", x.scalar_type(), "the dtype of x");
-  check_last_dim_contiguous(op, out, "out");
-  check_writable_output(op, out, "out");
-  for (const auto& [t, name] : inputs) check_no_overlap(op, out, "out", *t, name);
-}
-
 // ---- act(x) ----
 
 ElementwiseCall activation_call(const at::Tensor& x, std::string_view act, at::Tensor& out) {
@@ -133,7 +122,7 @@ at::Tensor activation(const at::Tensor& x, std::string_view act) {
 void activation_out(at::Tensor& out, const at::Tensor& x, std::string_view act) {
   check_x("activation", x);
   ElementwiseCall c = activation_call(x, act, out);
-  check_out("activation", out, x.sizes(), x, {{&x, "x"}});
+  check_output("activation", out, "out", x, x.sizes(), x.scalar_type(), {{&x, "x"}});
   launch(c);
 }
 
@@ -148,7 +137,7 @@ void act_and_mul_out(at::Tensor& out, const at::Tensor& x, std::string_view act,
   check_x("act_and_mul", x);
   const std::vector<int64_t> sizes = half_last_dim("act_and_mul", x);
   ElementwiseCall c = act_and_mul_call(x, act, act_first, out);
-  check_out("act_and_mul", out, sizes, x, {{&x, "x"}});
+  check_output("act_and_mul", out, "out", x, sizes, x.scalar_type(), {{&x, "x"}});
   launch(c);
 }
 
@@ -183,7 +172,7 @@ at::Tensor act_mul(const at::Tensor& gate, const at::Tensor& up, std::string_vie
 
 void act_mul_out(at::Tensor& out, const at::Tensor& gate, const at::Tensor& up, std::string_view act) {
   ElementwiseCall c = act_mul_call(gate, up, act, out);
-  check_out("act_mul", out, gate.sizes(), gate, {{&gate, "gate"}, {&up, "up"}});
+  check_output("act_mul", out, "out", gate, gate.sizes(), gate.scalar_type(), {{&gate, "gate"}, {&up, "up"}});
   launch(c);
 }
 
@@ -197,7 +186,7 @@ at::Tensor gated_add(const at::Tensor& x, const at::Tensor& y, const at::Tensor&
 
 void gated_add_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& y, const at::Tensor& gate) {
   ElementwiseCall c = gated_add_call(x, y, gate, out);
-  check_out("gated_add", out, x.sizes(), x, {{&x, "x"}, {&y, "y"}, {&gate, "gate"}});
+  check_output("gated_add", out, "out", x, x.sizes(), x.scalar_type(), {{&x, "x"}, {&y, "y"}, {&gate, "gate"}});
   launch(c);
 }
 

@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <limits>
 #include <utility>
 
@@ -121,6 +122,21 @@ inline void check_same_as_x(const char* op, const at::Tensor& t, const char* nam
   check_dtype(op, t, name, x.scalar_type(), "the dtype of x");
   check_same_shape(op, t, name, x, "x");
   check_last_dim_contiguous(op, t, name);
+}
+
+// An output the caller passed: on x's device, of `sizes` and `dtype`, contiguous in its last
+// dimension, writable element by element, and sharing memory with none of `inputs` (null entries
+// are skipped, so optional inputs can be listed as they are).
+inline void check_output(const char* op, const at::Tensor& out, const char* name, const at::Tensor& x,
+                         at::IntArrayRef sizes, c10::ScalarType dtype,
+                         std::initializer_list<std::pair<const at::Tensor*, const char*>> inputs) {
+  check_same_device(op, out, name, x, "x");
+  TORCH_CHECK_VALUE(out.sizes() == sizes, op, ": ", name, " must have the shape ", sizes, ", got ", out.sizes());
+  check_dtype(op, out, name, dtype, "the dtype this op produces");
+  check_last_dim_contiguous(op, out, name);
+  check_writable_output(op, out, name);
+  for (const auto& [in, in_name] : inputs)
+    if (in != nullptr) check_no_overlap(op, out, name, *in, in_name);
 }
 
 // Row addressing of a tensor broadcast to x's shape (stride 0 along broadcast dimensions).

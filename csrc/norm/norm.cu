@@ -82,20 +82,14 @@ void check_same_param_dtype(const char* op, const OptTensor& weight, const OptTe
                      weight->scalar_type(), " and ", bias->scalar_type());
 }
 
-// An output the caller passed: device, shape, dtype, layout, and no overlap with any input.
+const at::Tensor* ptr(const OptTensor* t) { return t != nullptr && *t ? &**t : nullptr; }
+
+// An output the caller passed: x's shape, `dtype`, and no memory shared with any of the call's inputs.
 void check_output(const NormCall& c, const at::Tensor& out, const char* name, c10::ScalarType dtype) {
-  check_same_device(c.op, out, name, *c.x, "x");
-  check_same_shape(c.op, out, name, *c.x, "x");
-  check_dtype(c.op, out, name, dtype, "the dtype this op produces");
-  check_last_dim_contiguous(c.op, out, name);
-  check_writable_output(c.op, out, name);
-  check_no_overlap(c.op, out, name, *c.x, "x");
-  if (c.residual) check_no_overlap(c.op, out, name, *c.residual, c.pre == PreAdd::kGated ? "y" : "residual");
-  if (c.gate) check_no_overlap(c.op, out, name, *c.gate, "gate");
-  if (*c.weight) check_no_overlap(c.op, out, name, **c.weight, "weight");
-  if (*c.bias) check_no_overlap(c.op, out, name, **c.bias, "bias");
-  if (c.scale) check_no_overlap(c.op, out, name, *c.scale, "scale");
-  if (c.shift && *c.shift) check_no_overlap(c.op, out, name, **c.shift, "shift");
+  transformer_kernels::check_output(
+      c.op, out, name, *c.x, c.x->sizes(), dtype,
+      {{c.x, "x"}, {c.residual, c.pre == PreAdd::kGated ? "y" : "residual"}, {c.gate, "gate"},
+       {ptr(c.weight), "weight"}, {ptr(c.bias), "bias"}, {c.scale, "scale"}, {ptr(c.shift), "shift"}});
 }
 
 template <NormType kNorm, PreAdd kPre, bool kMod, typename T, typename W, typename O>
