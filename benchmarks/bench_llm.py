@@ -74,8 +74,6 @@ def run(args, optimized: bool) -> dict:
     result = {"optimized_kernels": optimized, "prefill_ms": 1e3 * prefill,
               "decode_ms_per_token": 1e3 * (full - short) / (args.decode_tokens - 1),
               "peak_memory_gb": torch.cuda.max_memory_allocated() / 1e9, "injection": report}
-    del model
-    torch.cuda.empty_cache()
     return result
 
 
@@ -90,7 +88,10 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("the LLM benchmark needs an NVIDIA GPU (torch.cuda.is_available() is False)")
     use_local_build()
-    results = [run(args, False), run(args, True)]
+    results = []
+    for optimized in (False, True):
+        results.append(run(args, optimized))
+        torch.cuda.empty_cache()  # the model of that run is gone with its frame
     env = environment()
     eager = results[0]
     lines = [f"# Llama-3.1-8B shape ({args.layers} layers), random weights: {env['gpu']}", "",

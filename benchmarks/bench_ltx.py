@@ -94,9 +94,6 @@ def run_config(args, optimized: bool, compile_: bool) -> dict:
         "step_ms_median": 1e3 * sorted(times)[len(times) // 2],
         "peak_memory_gb": torch.cuda.max_memory_allocated() / 1e9, "injection": report,
     }
-    del model, latents
-    torch.cuda.empty_cache()
-    torch._dynamo.reset()
     return result
 
 
@@ -122,7 +119,11 @@ def main() -> None:
 
     configs = [(False, False), (True, False), (False, True), (True, True)] if args.matrix else [
         (args.optimized, args.compile)]
-    results = [run_config(args, opt, comp) for opt, comp in configs]
+    results = []
+    for opt, comp in configs:
+        results.append(run_config(args, opt, comp))
+        torch._dynamo.reset()
+        torch.cuda.empty_cache()  # the model of that configuration is gone with its frame
     env = environment()
     base = next((r["step_ms_mean"] for r in results if not r["optimized_kernels"] and not r["compile"]), None)
     shape = f"{args.model_size}, {args.num_frames} frames {args.height}x{args.width}, batch {2 * args.batch_size}"

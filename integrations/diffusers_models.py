@@ -8,42 +8,21 @@ name, so both ``diffusers.models.normalization.RMSNorm`` and ``torch.nn.RMSNorm`
 how it patches an instance. Rules for a containing module run first and claim the modules they
 fuse (an LTX block claims its norm1/norm2), so nothing is patched twice.
 
-Patching replaces the instance's ``forward`` (or, under an accelerate hook, the ``_old_forward``
-the hook calls, so the hook survives). ``enable_model_cpu_offload`` hooks whole components, so
-injecting before or after it works. Weights are read at call time, never cached, so offloading
-that moves parameters keeps working.
+How modules are patched (and how hooks survive) is in ``patching.py``. ``enable_model_cpu_offload``
+hooks whole components, so injecting before or after it works.
 """
 
 from __future__ import annotations
 
-import types
-from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Callable
 
 import torch
 
 from .loading import load_kernel
+from .patching import InjectionReport, Rule, apply_rules, forward_from, layer_forward, named
 
 # ---- patched forwards (bound to the module they replace) ----
-
-
-def _rms_norm_forward(tk: ModuleType) -> Callable:
-    def forward(self, hidden_states):
-        if isinstance(self, torch.nn.RMSNorm):
-            eps = self.eps if self.eps is not None else torch.finfo(torch.float32).eps
-            return tk.rms_norm(hidden_states, self.weight, eps, rounding="torch")
-        out = tk.rms_norm(hidden_states, self.weight, self.eps, rounding="diffusers")
-        return out if getattr(self, "bias", None) is None else out + self.bias
-
-    return forward
-
-
-def _layer_norm_forward(tk: ModuleType) -> Callable:
-    def forward(self, input):
-        return tk.layer_norm(input, self.weight, self.bias, self.eps)
-
-    return forward
 
 
 def _gelu_forward(tk: ModuleType) -> Callable:
@@ -115,8 +94,8 @@ def _adaln_zero_single_forward(tk: ModuleType) -> Callable:
 
 
 def _torch_rms_norm(tk: ModuleType, norm: torch.nn.RMSNorm, x: torch.Tensor) -> torch.Tensor:
-    eps = norm.eps if norm.eps is not None else torch.finfo(torch.float32).eps
-    return tk.rms_norm(x, norm.weight, eps, rounding="torch")
+    """A q/k ``torch.nn.RMSNorm`` through the Hub layer's forward (torch rounding, its eps=None)."""
+    return tk.layers.RMSNorm.forward(norm, x)
 
 
 class FluxAttnProcessor:
@@ -205,23 +184,6 @@ class LTXAttnProcessor:
 # ---- the table ----
 
 
-@dataclass(frozen=True)
-class Rule:
-    kind: str                                  # what the report calls it
-    class_names: tuple[str, ...]               # type(module).__name__ values it matches
-    patch: Callable[[torch.nn.Module, ModuleType], None]
-    claims: tuple[str, ...] = ()               # child attributes this rule fuses (not patched again)
-    applies: Callable[[torch.nn.Module], str | None] = lambda m: None  # reason to skip, or None
-
-
-def _set_forward(module: torch.nn.Module, make: Callable[[ModuleType], Callable], tk: ModuleType) -> None:
-    bound = types.MethodType(make(tk), module)
-    if hasattr(module, "_old_forward"):  # an accelerate hook wraps forward: replace what it calls
-        module._old_forward = bound
-    else:
-        module.forward = bound
-
-
 def _ltx_attention_skip(m: torch.nn.Module) -> str | None:
     if not isinstance(getattr(m, "norm_q", None), torch.nn.RMSNorm):
         return "q/k norm is not torch.nn.RMSNorm (not the LTX-Video 0.9 attention)"
@@ -249,33 +211,21 @@ def _layer_norm_skip(m: torch.nn.Module) -> str | None:
 
 
 RULES: tuple[Rule, ...] = (
-    Rule("ltx_block", ("LTXVideoTransformerBlock",), lambda m, tk: _set_forward(m, _ltx_block_forward, tk),
-         claims=("norm1", "norm2")),
-    Rule("ltx_attention", ("LTXAttention",), lambda m, tk: m.set_processor(LTXAttnProcessor(tk)),
-         claims=("norm_q", "norm_k"), applies=_ltx_attention_skip),
-    Rule("flux_attention", ("FluxAttention",), lambda m, tk: m.set_processor(FluxAttnProcessor(tk)),
-         claims=("norm_q", "norm_k", "norm_added_q", "norm_added_k"), applies=_flux_attention_skip),
-    Rule("adaln_zero", ("AdaLayerNormZero",), lambda m, tk: _set_forward(m, _adaln_zero_forward, tk),
-         claims=("norm",), applies=_adaln_skip),
-    Rule("adaln_zero_single", ("AdaLayerNormZeroSingle",),
-         lambda m, tk: _set_forward(m, _adaln_zero_single_forward, tk), claims=("norm",), applies=_adaln_skip),
-    Rule("gelu", ("GELU",), lambda m, tk: _set_forward(m, _gelu_forward, tk), applies=_gelu_skip),
-    Rule("rms_norm", ("RMSNorm",), lambda m, tk: _set_forward(m, _rms_norm_forward, tk)),
-    Rule("layer_norm", ("LayerNorm", "FP32LayerNorm"), lambda m, tk: _set_forward(m, _layer_norm_forward, tk),
-         applies=lambda m: "FP32LayerNorm computes in fp32 on purpose" if type(m).__name__ == "FP32LayerNorm"
+    Rule("ltx_block", named("LTXVideoTransformerBlock"), forward_from(_ltx_block_forward), claims=("norm1", "norm2")),
+    Rule("ltx_attention", named("LTXAttention"), lambda m, tk: m.set_processor(LTXAttnProcessor(tk)),
+         claims=("norm_q", "norm_k"), skip=_ltx_attention_skip),
+    Rule("flux_attention", named("FluxAttention"), lambda m, tk: m.set_processor(FluxAttnProcessor(tk)),
+         claims=("norm_q", "norm_k", "norm_added_q", "norm_added_k"), skip=_flux_attention_skip),
+    Rule("adaln_zero", named("AdaLayerNormZero"), forward_from(_adaln_zero_forward), claims=("norm",),
+         skip=_adaln_skip),
+    Rule("adaln_zero_single", named("AdaLayerNormZeroSingle"), forward_from(_adaln_zero_single_forward),
+         claims=("norm",), skip=_adaln_skip),
+    Rule("gelu", named("GELU"), forward_from(_gelu_forward), skip=_gelu_skip),
+    Rule("rms_norm", named("RMSNorm"), layer_forward("RMSNorm")),
+    Rule("layer_norm", named("LayerNorm", "FP32LayerNorm"), layer_forward("LayerNorm"),
+         skip=lambda m: "FP32LayerNorm computes in fp32 on purpose" if type(m).__name__ == "FP32LayerNorm"
          else _layer_norm_skip(m)),
 )
-
-
-@dataclass
-class InjectionReport:
-    replaced: dict[str, int] = field(default_factory=dict)  # kind -> count
-    left: dict[str, str] = field(default_factory=dict)      # module path -> why it was left alone
-
-    def __str__(self) -> str:
-        lines = ["replaced: " + (", ".join(f"{n} {k}" for k, n in sorted(self.replaced.items())) or "nothing")]
-        lines += [f"left {path}: {why}" for path, why in sorted(self.left.items())]
-        return "\n".join(lines)
 
 
 def _models(pipe_or_model) -> list[tuple[str, torch.nn.Module]]:
@@ -291,20 +241,4 @@ def inject(pipe_or_model, tk: ModuleType | None = None) -> InjectionReport:
     """Patches every supported module of a pipeline's components (or of one model) in place.
 
     Returns what was replaced, by kind, and the matching modules left alone with the reason."""
-    tk = tk or load_kernel()
-    report = InjectionReport()
-    by_class = {name: rule for rule in RULES for name in rule.class_names}
-    for prefix, model in _models(pipe_or_model):
-        claimed: set[int] = set()
-        for path, module in model.named_modules(prefix=prefix):
-            rule = by_class.get(type(module).__name__)
-            if rule is None or id(module) in claimed:
-                continue
-            reason = rule.applies(module)
-            if reason is not None:
-                report.left[path or type(module).__name__] = reason
-                continue
-            rule.patch(module, tk)
-            report.replaced[rule.kind] = report.replaced.get(rule.kind, 0) + 1
-            claimed.update(id(getattr(module, child)) for child in rule.claims if hasattr(module, child))
-    return report
+    return apply_rules(_models(pipe_or_model), RULES, tk or load_kernel())

@@ -7,8 +7,8 @@ Mistral, Qwen2 and Qwen3 share one table):
   (``fused_add_rms_norm``); claims that norm.
 - ``*MLP`` with ``gate_proj``/``up_proj``/``down_proj`` and a SiLU ``act_fn``: ``act_mul`` between
   the projections (one kernel for ``act_fn(gate) * up``).
-- ``*RMSNorm`` with ``variance_epsilon``: ``rms_norm`` with transformers' rounding (the remaining
-  input norms, Qwen3's per-head q/k norms, the final norm).
+- ``*RMSNorm`` with ``variance_epsilon``: the Hub ``RMSNorm`` layer's forward (transformers'
+  rounding) for the remaining input norms, Qwen3's per-head q/k norms and the final norm.
 
 RoPE goes through transformers' own hook: ``apply_rotary_pos_emb`` is a hub-replaceable function,
 so ``kernelize`` with ``kernel_mapping()`` swaps in our ``RotaryPosEmb`` (and RMSNorm, SiLU).
@@ -16,15 +16,13 @@ so ``kernelize`` with ``kernel_mapping()`` swaps in our ``RotaryPosEmb`` (and RM
 
 from __future__ import annotations
 
-import types
-from dataclasses import dataclass
 from types import ModuleType
 from typing import Callable
 
 import torch
 
-from .diffusers_models import InjectionReport
 from .loading import REPO_ID, load_kernel
+from .patching import InjectionReport, Rule, apply_rules, forward_from, layer_forward, suffixed
 
 # transformers' hub layer names -> our layers, for kernels.use_kernel_mapping + kernelize (the Hub
 # path). revision="v1" names the branch version=1 resolves to, which also works offline with
@@ -63,22 +61,6 @@ def _mlp_forward(tk: ModuleType) -> Callable:
     return forward
 
 
-def _rms_norm_forward(tk: ModuleType) -> Callable:
-    def forward(self, hidden_states):
-        return tk.rms_norm(hidden_states, self.weight, self.variance_epsilon, rounding="hf")
-
-    return forward
-
-
-@dataclass(frozen=True)
-class Rule:
-    kind: str
-    suffix: str                                  # type(module).__name__ ends with it
-    make_forward: Callable[[ModuleType], Callable]
-    claims: tuple[str, ...] = ()
-    applies: Callable[[torch.nn.Module], str | None] = lambda m: None
-
-
 def _decoder_skip(m) -> str | None:
     needed = ("input_layernorm", "post_attention_layernorm", "self_attn", "mlp")
     if not all(hasattr(m, a) for a in needed):
@@ -95,39 +77,16 @@ def _mlp_skip(m) -> str | None:
 
 
 RULES: tuple[Rule, ...] = (
-    Rule("decoder_layer", "DecoderLayer", _decoder_layer_forward, claims=("post_attention_layernorm",),
-         applies=_decoder_skip),
-    Rule("mlp", "MLP", _mlp_forward, applies=_mlp_skip),
-    Rule("rms_norm", "RMSNorm", _rms_norm_forward,
-         applies=lambda m: None if hasattr(m, "variance_epsilon") else "no variance_epsilon (not a transformers RMSNorm)"),
+    Rule("decoder_layer", suffixed("DecoderLayer"), forward_from(_decoder_layer_forward),
+         claims=("post_attention_layernorm",), skip=_decoder_skip),
+    Rule("mlp", suffixed("MLP"), forward_from(_mlp_forward), skip=_mlp_skip),
+    Rule("rms_norm", suffixed("RMSNorm"), layer_forward("RMSNorm"),
+         skip=lambda m: None if hasattr(m, "variance_epsilon") else "no variance_epsilon (not a transformers RMSNorm)"),
 )
-
-
-def _set_forward(module: torch.nn.Module, make: Callable[[ModuleType], Callable], tk: ModuleType) -> None:
-    bound = types.MethodType(make(tk), module)
-    if hasattr(module, "_old_forward"):  # accelerate hook (device_map="auto", offloading): keep it
-        module._old_forward = bound
-    else:
-        module.forward = bound
 
 
 def inject(model: torch.nn.Module, tk: ModuleType | None = None) -> InjectionReport:
     """Patches a transformers model in place; returns what was replaced and what was left, with why."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"inject: expected a transformers model (torch.nn.Module), got {type(model).__name__}")
-    tk = tk or load_kernel()
-    report = InjectionReport()
-    claimed: set[int] = set()
-    for path, module in model.named_modules():
-        name = type(module).__name__
-        rule = next((r for r in RULES if name.endswith(r.suffix)), None)
-        if rule is None or id(module) in claimed:
-            continue
-        reason = rule.applies(module)
-        if reason is not None:
-            report.left[path or name] = reason
-            continue
-        _set_forward(module, rule.make_forward, tk)
-        report.replaced[rule.kind] = report.replaced.get(rule.kind, 0) + 1
-        claimed.update(id(getattr(module, child)) for child in rule.claims if hasattr(module, child))
-    return report
+    return apply_rules([("", model)], RULES, tk or load_kernel())

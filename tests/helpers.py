@@ -1,5 +1,7 @@
 """Shared test helpers: inputs, poisoned outputs, error bounds against float64 and eager code."""
 
+import types
+
 import torch
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -63,3 +65,15 @@ def assert_rejects(call, exc, message):
     with pytest.raises(exc, match=message):
         call()
     torch.cuda.synchronize()
+
+
+class _EagerLayer:
+    """Stand-in for a Hub layer: its forward is the host module's own (eager) class forward."""
+
+    @staticmethod
+    def forward(self, *args, **kwargs):
+        return type(self).forward(self, *args, **kwargs)
+
+
+# tk.layers for integration tests that run the eager code in place of the kernels
+EAGER_LAYERS = types.SimpleNamespace(RMSNorm=_EagerLayer, LayerNorm=_EagerLayer)

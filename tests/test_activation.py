@@ -4,7 +4,7 @@ halves ordering (vLLM vs diffusers' GEGLU), strided inputs, bad inputs, opcheck,
 import pytest
 import torch
 
-from helpers import DTYPES, UNIT_ROUNDOFF, assert_all_written, assert_matches_eager, assert_rejects, assert_within, poisoned, random_input
+from helpers import DTYPES, assert_all_written, assert_matches_eager, assert_rejects, assert_within, poisoned, random_input
 from reference.activations import (
     activation_float64,
     eager_act_and_mul,

@@ -8,14 +8,15 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from helpers import EAGER_LAYERS
 from reference.activations import eager_act_mul
-from reference.norms import RMS_NORM_EAGER, hf_fused_add_rms_norm
+from reference.norms import hf_fused_add_rms_norm
 
 transformers = pytest.importorskip("transformers")
 from integrations.transformers_models import inject  # noqa: E402
 
 EAGER_TK = SimpleNamespace(
-    rms_norm=lambda x, w=None, eps=1e-6, out=None, rounding="hf": RMS_NORM_EAGER[rounding](x, w, eps),
+    layers=EAGER_LAYERS,
     fused_add_rms_norm=lambda x, residual, w=None, eps=1e-6: hf_fused_add_rms_norm(x, residual, w, eps),
     act_mul=lambda gate, up, activation="silu": eager_act_mul(gate, up, activation),
 )

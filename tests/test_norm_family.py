@@ -4,7 +4,6 @@ modulation, in-place semantics, bad inputs, opcheck and torch.compile."""
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from helpers import DTYPES, UNIT_ROUNDOFF, assert_all_written, assert_matches_eager, assert_rejects, assert_within, poisoned, random_input
 from reference.norms import (

@@ -1,0 +1,86 @@
+"""What both integrations share: a table of rules, the forward swap, and the report.
+
+A rule matches modules by class name (so ``diffusers.models.normalization.RMSNorm`` and
+``torch.nn.RMSNorm`` are both found, and one table serves Llama, Mistral and Qwen). Rules for a
+containing module claim the children they fuse (an LTX block claims its norm1/norm2), so nothing is
+patched twice. Patching replaces the instance's ``forward``, or, under an accelerate hook, the
+``_old_forward`` the hook calls, so the hook survives. Weights are read at call time, never cached.
+"""
+
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Callable, Iterable
+
+import torch
+
+
+@dataclass
+class InjectionReport:
+    replaced: dict[str, int] = field(default_factory=dict)  # kind -> count
+    left: dict[str, str] = field(default_factory=dict)      # module path -> why it was left alone
+
+    def __str__(self) -> str:
+        lines = ["replaced: " + (", ".join(f"{n} {k}" for k, n in sorted(self.replaced.items())) or "nothing")]
+        lines += [f"left {path}: {why}" for path, why in sorted(self.left.items())]
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Rule:
+    kind: str                                            # what the report calls it
+    matches: Callable[[str], bool]                       # on type(module).__name__
+    patch: Callable[[torch.nn.Module, ModuleType], None]
+    claims: tuple[str, ...] = ()                         # children this rule fuses (not patched again)
+    skip: Callable[[torch.nn.Module], str | None] = lambda m: None  # why to leave a match alone, or None
+
+
+def named(*class_names: str) -> Callable[[str], bool]:
+    return lambda name: name in class_names
+
+
+def suffixed(suffix: str) -> Callable[[str], bool]:
+    return lambda name: name.endswith(suffix)
+
+
+def set_forward(module: torch.nn.Module, forward: Callable) -> None:
+    """Binds `forward` (a function taking the module as `self`) as the module's forward."""
+    bound = types.MethodType(forward, module)
+    if hasattr(module, "_old_forward"):  # an accelerate hook wraps forward: replace what it calls
+        module._old_forward = bound
+    else:
+        module.forward = bound
+
+
+def forward_from(make: Callable[[ModuleType], Callable]) -> Callable[[torch.nn.Module, ModuleType], None]:
+    """A patch that binds the forward `make(tk)` builds."""
+    return lambda module, tk: set_forward(module, make(tk))
+
+
+def layer_forward(layer: str) -> Callable[[torch.nn.Module, ModuleType], None]:
+    """A patch that binds the forward of the Hub layer `tk.layers.<layer>`: the same code kernelize
+    installs, which reads the host module's weight and eps and picks the rounding to match."""
+    return lambda module, tk: set_forward(module, getattr(tk.layers, layer).forward)
+
+
+def apply_rules(models: Iterable[tuple[str, torch.nn.Module]], rules: Iterable[Rule], tk: ModuleType
+                ) -> InjectionReport:
+    rules = tuple(rules)
+    report = InjectionReport()
+    for prefix, model in models:
+        claimed: set[int] = set()
+        for path, module in model.named_modules(prefix=prefix):
+            name = type(module).__name__
+            rule = next((r for r in rules if r.matches(name)), None)
+            if rule is None or id(module) in claimed:
+                continue
+            reason = rule.skip(module)
+            if reason is not None:
+                report.left[path or name] = reason
+                continue
+            rule.patch(module, tk)
+            report.replaced[rule.kind] = report.replaced.get(rule.kind, 0) + 1
+            claimed.update(id(getattr(module, child)) for child in rule.claims if hasattr(module, child))
+    return report
