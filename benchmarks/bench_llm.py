@@ -67,7 +67,8 @@ def run(args, optimized: bool) -> dict:
         prefill = timed(lambda: model(ids), args.repeats)
         prompt = ids[:, :32]
         gen = dict(max_new_tokens=args.decode_tokens, min_new_tokens=args.decode_tokens, do_sample=False,
-                   cache_implementation="static")
+                   cache_implementation="static",
+                   disable_compile=True)  # HF eager: generate() would otherwise compile a static-cache model
         model.generate(prompt, **gen)  # warm-up
         short = timed(lambda: model.generate(prompt, **{**gen, "max_new_tokens": 1, "min_new_tokens": 1}), 3)
         full = timed(lambda: model.generate(prompt, **gen), 3)
