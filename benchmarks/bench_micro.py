@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.harness import Case, Report, copy_gbps, environment  # noqa: E402
 from integrations.loading import load_kernel, use_local_build  # noqa: E402
 from reference.activations import eager_act_and_mul, eager_act_mul, eager_activation, eager_gated_add  # noqa: E402
+from reference.rope import diffusers_interleaved_rotary, hf_apply_rotary_pos_emb  # noqa: E402
 from reference.norms import (  # noqa: E402
     diffusers_norm_modulate,
     hf_fused_add_rms_norm,
@@ -189,8 +190,65 @@ def activation_cases(tk, quick: bool) -> Iterator[Case]:
                note="LTX-Video 2B: hidden_states + ff_output * gate_mlp")
 
 
-OPS = {"rms_norm": rms_norm_cases, "activation": activation_cases, "fused_add_rms_norm": fused_add_rms_norm_cases, "layer_norm": layer_norm_cases,
-       "modulate": modulate_cases}
+def activation_decode_cases(tk) -> Iterator[Case]:
+    """One decode token through Llama-3.1-8B's MLP: host-bound, timed per call from Python."""
+    g, u = (torch.randn(1, 14336, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    yield Case("act_mul (silu)", "1x14336 x2", "bfloat16", 3 * nbytes(g),
+               with_baselines(lambda: tk.act_mul(g, u, "silu"), lambda g, u: eager_act_mul(g, u, "silu"), (g, u)),
+               latency=True, note="Llama-3.1-8B decode, 1 token")
+
+
+def hf_rope_case(tk, B: int, S: int, Hq: int, Hk: int, d: int, note: str) -> Case:
+    """q, k as transformers' attention passes them: [B, H, S, d] views of one fused projection."""
+    bf16 = dict(device="cuda", dtype=torch.bfloat16)
+    qkv = torch.randn(B, S, (Hq + 2 * Hk) * d, **bf16)
+    q = qkv[..., : Hq * d].view(B, S, Hq, d).transpose(1, 2)
+    k = qkv[..., Hq * d: (Hq + Hk) * d].view(B, S, Hk, d).transpose(1, 2)
+    angles = torch.rand(B, S, d // 2, device="cuda") * 100
+    cos, sin = (torch.cat((f, f), -1).to(torch.bfloat16) for f in (angles.cos(), angles.sin()))
+    impls = with_baselines(lambda: tk.apply_rotary_pos_emb(q, k, cos, sin), hf_apply_rotary_pos_emb, (q, k, cos, sin))
+    liger = liger_fn("rope", "LigerRopeFunction")
+    if liger is not None:  # in place on contiguous copies, as Liger's own wrapper requires
+        qc, kc = q.contiguous(), k.contiguous()
+        impls["liger"] = lambda: liger(qc, kc, cos, sin)
+    return Case("rope (hf neox)", f"{B}x{S} q{Hq} k{Hk} d{d}", "bfloat16", 2 * nbytes(q, k) + nbytes(cos, sin), impls,
+                latency=S <= 4, note=note)
+
+
+def rope_cases(tk, quick: bool) -> Iterator[Case]:
+    bf16 = dict(device="cuda", dtype=torch.bfloat16)
+    yield hf_rope_case(tk, 1, 1, 32, 8, 128, "Llama-3.1-8B decode, 1 token")
+    yield hf_rope_case(tk, 1, 4096, 32, 8, 128, "Llama-3.1-8B prefill 4096")
+    if quick:
+        return
+    yield hf_rope_case(tk, 4, 4096, 32, 8, 128, "Llama-3.1-8B prefill 4x4096")
+    # LTX-Video 2B: q, k [B, S, 2048] with fp32 tables [B, S, 2048] (diffusers' apply_rotary_emb)
+    q, k = torch.randn(2, 8064, 2048, **bf16), torch.randn(2, 8064, 2048, **bf16)
+    angles = torch.rand(2, 8064, 1024, device="cuda") * 100
+    cos, sin = angles.cos().repeat_interleave(2, -1), angles.sin().repeat_interleave(2, -1)
+    yield Case("rope (ltx interleaved)", "2x8064x2048", "bfloat16", 2 * nbytes(q, k) + nbytes(cos, sin),
+               with_baselines(lambda: tk.ltx_rotary_emb(q, k, cos, sin),
+                              lambda q, k, c, s: (diffusers_interleaved_rotary(q, c, s),
+                                                  diffusers_interleaved_rotary(k, c, s)), (q, k, cos, sin)),
+               note="LTX-Video 2B, 49 frames 512x768, CFG batch 2 (fp32 tables are 2/3 of the bytes)")
+    # Flux: q, k [1, 4608, 24, 128], fp32 tables [4608, 128]
+    q, k = torch.randn(1, 4608, 24, 128, **bf16), torch.randn(1, 4608, 24, 128, **bf16)
+    angles = torch.rand(4608, 64, device="cuda") * 100
+    cos, sin = angles.cos().repeat_interleave(2, -1), angles.sin().repeat_interleave(2, -1)
+    yield Case("rope (flux interleaved)", "1x4608x24x128", "bfloat16", 2 * nbytes(q, k) + nbytes(cos, sin),
+               with_baselines(lambda: tk.flux_rotary_emb(q, k, cos, sin),
+                              lambda q, k, c, s: (diffusers_interleaved_rotary(q, c[None, :, None], s[None, :, None]),
+                                                  diffusers_interleaved_rotary(k, c[None, :, None], s[None, :, None])),
+                              (q, k, cos, sin)), note="Flux 1024x1024 (4096 image + 512 text tokens)")
+
+
+def activation_all_cases(tk, quick: bool) -> Iterator[Case]:
+    yield from activation_decode_cases(tk)
+    yield from activation_cases(tk, quick)
+
+
+OPS = {"rms_norm": rms_norm_cases, "activation": activation_all_cases, "fused_add_rms_norm": fused_add_rms_norm_cases,
+       "layer_norm": layer_norm_cases, "modulate": modulate_cases, "rope": rope_cases}
 
 
 
@@ -211,13 +269,13 @@ def main() -> None:
     torch._dynamo.config.accumulated_recompile_limit = 4096
     report = Report(environment(), copy_gbps())
     print(f"{report.env['gpu']}: device-to-device copy {report.copy_gbps:.0f} GB/s")
+    gpu = re.sub(r"[^a-z0-9]+", "-", report.env["gpu"].lower()).strip("-")
+    stem = f"micro-{gpu}-{_dt.date.today().isoformat()}"
     for op in args.ops:
         for case in tqdm(OPS[op](tk, args.quick), desc=op):
             report.run(case)
             torch.cuda.empty_cache()
-    gpu = re.sub(r"[^a-z0-9]+", "-", report.env["gpu"].lower()).strip("-")
-    stem = f"micro-{gpu}-{_dt.date.today().isoformat()}"
-    js, md = report.save(args.out, stem)
+        js, md = report.save(args.out, stem)  # after each op: a run cut short keeps what it measured
     print(md.read_text())
     print(f"wrote {js} and {md}")
 

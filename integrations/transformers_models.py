@@ -10,12 +10,18 @@ Mistral, Qwen2 and Qwen3 share one table):
 - ``*RMSNorm`` with ``variance_epsilon``: the Hub ``RMSNorm`` layer's forward (transformers'
   rounding) for the remaining input norms, Qwen3's per-head q/k norms and the final norm.
 
-RoPE goes through transformers' own hook: ``apply_rotary_pos_emb`` is a hub-replaceable function,
-so ``kernelize`` with ``kernel_mapping()`` swaps in our ``RotaryPosEmb`` (and RMSNorm, SiLU).
+- ``*Attention``: the modeling module's ``apply_rotary_pos_emb`` becomes ours (q and k in one launch).
+  The attention forward looks that function up by global name, so the swap applies to every model
+  of that modeling module in the process (as Liger's patching does); CPU tensors still take
+  transformers' function.
+
+The Hub path is separate: ``kernelize`` with ``kernel_mapping()`` swaps in our ``RMSNorm``, ``Silu``
+and ``RotaryPosEmb`` layers.
 """
 
 from __future__ import annotations
 
+import sys
 from types import ModuleType
 from typing import Callable
 
@@ -39,13 +45,12 @@ def kernel_mapping(device: str = "cuda") -> dict:
 
 
 def _decoder_layer_forward(tk: ModuleType) -> Callable:
-    def forward(self, hidden_states, attention_mask=None, position_ids=None, cache=None, use_cache=False,
-                position_embeddings=None, **kwargs):
+    # Everything but hidden_states passes through to the attention by keyword, so the forward fits
+    # every transformers version (the cache argument was renamed from past_key_values to cache).
+    def forward(self, hidden_states, **kwargs):
         residual = hidden_states
         hidden_states = self.input_layernorm(hidden_states)
-        hidden_states, _ = self.self_attn(hidden_states=hidden_states, attention_mask=attention_mask,
-                                          position_ids=position_ids, cache=cache, use_cache=use_cache,
-                                          position_embeddings=position_embeddings, **kwargs)
+        hidden_states, _ = self.self_attn(hidden_states=hidden_states, **kwargs)
         norm = self.post_attention_layernorm
         hidden_states, residual = tk.fused_add_rms_norm(hidden_states, residual, norm.weight, norm.variance_epsilon)
         hidden_states = self.mlp(hidden_states)
@@ -76,9 +81,31 @@ def _mlp_skip(m) -> str | None:
     return None if is_silu else f"activation {type(act).__name__} is not SiLU"
 
 
+def _patch_rotary(module: torch.nn.Module, tk: ModuleType) -> None:
+    # The attention forward calls its modeling module's apply_rotary_pos_emb by global name, so the
+    # swap is per modeling module (as Liger does it): every model of that class in the process gets
+    # it. Tensors off the GPU still go to transformers' own function.
+    modeling = sys.modules[type(module).__module__]
+    original = getattr(modeling.apply_rotary_pos_emb, "_transformers_original", modeling.apply_rotary_pos_emb)
+
+    def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+        if q.is_cuda:
+            return tk.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim)
+        return original(q, k, cos, sin, unsqueeze_dim)
+
+    apply_rotary_pos_emb._transformers_original = original
+    modeling.apply_rotary_pos_emb = apply_rotary_pos_emb
+
+
+def _rotary_skip(m) -> str | None:
+    fn = getattr(sys.modules.get(type(m).__module__), "apply_rotary_pos_emb", None)
+    return None if callable(fn) else "its modeling module has no apply_rotary_pos_emb"
+
+
 RULES: tuple[Rule, ...] = (
     Rule("decoder_layer", suffixed("DecoderLayer"), forward_from(_decoder_layer_forward),
          claims=("post_attention_layernorm",), skip=_decoder_skip),
+    Rule("rope", suffixed("Attention"), _patch_rotary, skip=_rotary_skip),
     Rule("mlp", suffixed("MLP"), forward_from(_mlp_forward), skip=_mlp_skip),
     Rule("rms_norm", suffixed("RMSNorm"), layer_forward("RMSNorm"),
          skip=lambda m: None if hasattr(m, "variance_epsilon") else "no variance_epsilon (not a transformers RMSNorm)"),

@@ -31,6 +31,17 @@ CONFIGS = {
 CLASSES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 
 
+@pytest.fixture(autouse=True)
+def restore_rotary_functions(monkeypatch):
+    """inject() swaps apply_rotary_pos_emb in the modeling modules: undo it after each test, so
+    that every test's eager model is transformers' own."""
+    import importlib
+
+    for name in CLASSES:
+        modeling = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+        monkeypatch.setattr(modeling, "apply_rotary_pos_emb", modeling.apply_rotary_pos_emb)
+
+
 def small_model(name, dtype=torch.float32, device="cpu"):
     torch.manual_seed(0)
     model = getattr(transformers, CLASSES[name])(CONFIGS[name]())
@@ -46,7 +57,7 @@ def test_report(tk, name):
     model = small_model(name)
     report = inject(model, tk)
     norms = 2 + 1 + (4 if name == "qwen3" else 0)  # input norms, the final norm, Qwen3's q/k norms
-    assert report.replaced == {"decoder_layer": 2, "mlp": 2, "rms_norm": norms}, report
+    assert report.replaced == {"decoder_layer": 2, "mlp": 2, "rms_norm": norms, "rope": 2}, report
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
@@ -64,7 +75,8 @@ def test_injected_model_matches_eager_on_gpu(tk, name):
     model = small_model(name, torch.bfloat16, "cuda")
     ids = torch.randint(0, 101, (2, 33), device="cuda")
     expected = model(ids).logits.float()
-    inject(model, tk)
+    report = inject(model, tk)
+    assert report.replaced["rope"] == 2
     out = model(ids).logits.float()
     assert ((out - expected).norm() / expected.norm()).item() < 1e-2
     generated = model.generate(ids[:, :5], max_new_tokens=4, do_sample=False)  # decode with a KV cache

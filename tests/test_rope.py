@@ -59,10 +59,13 @@ def test_hf_apply_rotary_pos_emb(tk, dtype, d, heads, partial):
         mag = rope_magnitude(x, c, s, "neox")
         assert_within(ours, ref, mag, 3.5, "rope vs float64")  # three roundings: x*cos, rot*sin, sum
         assert_matches_eager(ours, eager, mag, 4)
-    # in place gives the same values
-    q2, k2 = q.clone(), k.clone()
+    # in place on the views of the fused projection gives the same values and leaves v alone
+    qkv = q._base.clone()  # the fused projection q and k are views of
+    q2, k2 = (qkv.as_strided(t.shape, t.stride(), t.storage_offset()) for t in (q, k))
+    v_before = qkv[..., (heads[0] + heads[1]) * d:].clone()
     tk.apply_rotary_pos_emb_(q2, k2, cos, sin)
     assert torch.equal(q2, q_out) and torch.equal(k2, k_out)
+    assert torch.equal(qkv[..., (heads[0] + heads[1]) * d:], v_before)
 
 
 def ltx_cos_sin(B, S, C):
@@ -138,6 +141,9 @@ BAD = {
                     ValueError, "cos must be"),
     "in_place_q_is_k": (lambda t: (lambda x: t.apply_rotary_pos_emb_(x, x, _bf(1, 4, 64), _bf(1, 4, 64)))(
         _bf(1, 2, 4, 64)), ValueError, "q must not share memory with k"),
+    "in_place_k_overlaps_q": (lambda t: (lambda qkv: t.apply_rotary_pos_emb_(
+        qkv[..., :128].unflatten(-1, (2, 64)), qkv[..., 127:255].unflatten(-1, (2, 64)), _bf(1, 4, 64), _bf(1, 4, 64)))(
+        _bf(1, 4, 384)), ValueError, "q must not share memory with k"),
     "cpu": (lambda t: t.apply_rotary_pos_emb(torch.randn(1, 2, 4, 64), torch.randn(1, 2, 4, 64),
                                              torch.randn(1, 4, 64), torch.randn(1, 4, 64)), ValueError,
             "q must be a CUDA tensor"),

@@ -6,11 +6,14 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
 #include <limits>
+#include <numeric>
 #include <utility>
+#include <vector>
 
 #include "common/rows.cuh"
 
@@ -74,16 +77,55 @@ inline std::pair<uintptr_t, uintptr_t> byte_span(const at::Tensor& t) {
   const auto item = static_cast<int64_t>(t.element_size());
   return {base + lo * item, base + (hi + 1) * item};
 }
+
+// A tensor's elements as a lattice of equal contiguous runs: every address is
+// base + (a multiple of `period`) + [0, run) bytes. The run is the product of the innermost
+// dimensions that are dense; `period` is the gcd of the remaining strides (0 when there are none).
+// False for negative strides.
+struct RunLattice {
+  uintptr_t base;
+  int64_t run, period;
+};
+inline bool run_lattice(const at::Tensor& t, RunLattice* out) {
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size) of the dims that vary
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    if (t.size(d) == 1) continue;
+    if (t.stride(d) < 0) return false;
+    dims.emplace_back(t.stride(d), t.size(d));
+  }
+  std::sort(dims.begin(), dims.end());
+  int64_t run = 1, period = 0;
+  size_t d = 0;
+  for (; d < dims.size() && dims[d].first == run; ++d) run *= dims[d].second;
+  for (; d < dims.size(); ++d) period = std::gcd(period, dims[d].first);
+  const auto item = static_cast<int64_t>(t.element_size());
+  *out = {reinterpret_cast<uintptr_t>(t.const_data_ptr()), run * item, period * item};
+  return true;
+}
+
+// True when the two tensors provably share no byte: views that interleave in one buffer (q, k
+// and v of a fused projection) pass, although their address ranges overlap.
+inline bool lattices_disjoint(const at::Tensor& a, const at::Tensor& b) {
+  RunLattice la, lb;
+  if (!run_lattice(a, &la) || !run_lattice(b, &lb)) return false;
+  const int64_t period = std::gcd(la.period, lb.period);
+  if (period == 0) return false;  // two single runs: the address ranges decide
+  // b's runs start at (b - a) mod period past one of a's; a run [0, a.run) and one at
+  // [delta, delta + b.run) within one period (and the next) must not meet.
+  const int64_t delta = ((static_cast<int64_t>(lb.base - la.base) % period) + period) % period;
+  return delta >= la.run && delta + lb.run <= period;
+}
 }  // namespace detail
 
 inline void check_no_overlap(const char* op, const at::Tensor& out, const char* out_name, const at::Tensor& in,
                              const char* in_name) {
   if (!in.defined() || out.numel() == 0 || in.numel() == 0) return;
   at::MemOverlapStatus status = at::get_overlap_status(out, in);
-  if (status == at::MemOverlapStatus::TooHard) {  // strided views: fall back to the address ranges
+  if (status == at::MemOverlapStatus::TooHard) {  // strided views: interleaved runs, else the address ranges
     const auto a = detail::byte_span(out);
     const auto b = detail::byte_span(in);
-    status = (a.first < b.second && b.first < a.second) ? at::MemOverlapStatus::Partial : at::MemOverlapStatus::No;
+    const bool disjoint = !(a.first < b.second && b.first < a.second) || detail::lattices_disjoint(out, in);
+    status = disjoint ? at::MemOverlapStatus::No : at::MemOverlapStatus::Partial;
   }
   TORCH_CHECK_VALUE(status == at::MemOverlapStatus::No, op, ": ", out_name, " must not share memory with ", in_name);
 }

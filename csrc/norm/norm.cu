@@ -10,30 +10,14 @@
 
 #include "common/checks.h"
 #include "common/dispatch.h"
-#include "norm/norm.cuh"
+#include "norm/norm_call.h"
 
 namespace transformer_kernels {
 namespace {
 
-using OptTensor = std::optional<at::Tensor>;
-
-// Everything one kernel launch needs, as torch tensors; `nullptr`/empty for what is absent.
-struct NormCall {
-  const char* op;
-  NormType type;
-  PreAdd pre;
-  const at::Tensor* x;
-  const at::Tensor* residual = nullptr;  // the residual (kResidual) or the branch output y (kGated)
-  const at::Tensor* gate = nullptr;      // broadcast to x's shape
-  const OptTensor* weight;
-  const OptTensor* bias;
-  const at::Tensor* scale = nullptr;  // broadcast to x's shape
-  const OptTensor* shift = nullptr;   // broadcast to x's shape
-  at::Tensor* out;
-  at::Tensor* h_out = nullptr;
-  double eps;
-  bool round_normalized = false;
-};
+using norm_binding::dispatch_dtypes;
+using norm_binding::NormCall;
+using norm_binding::OptTensor;
 
 // Output dtype and pre-weight rounding of RMSNorm for each module's rounding.
 struct RmsRounding {
@@ -90,67 +74,6 @@ void check_output(const NormCall& c, const at::Tensor& out, const char* name, c1
       c.op, out, name, *c.x, c.x->sizes(), dtype,
       {{c.x, "x"}, {c.residual, c.pre == PreAdd::kGated ? "y" : "residual"}, {c.gate, "gate"},
        {ptr(c.weight), "weight"}, {ptr(c.bias), "bias"}, {c.scale, "scale"}, {ptr(c.shift), "shift"}});
-}
-
-template <NormType kNorm, PreAdd kPre, bool kMod, typename T, typename W, typename O>
-void run(const NormCall& c) {
-  const at::Tensor& x = *c.x;
-  NormParams<T, W, O> p;
-  p.x = reinterpret_cast<const T*>(x.const_data_ptr());
-  p.x_rows = row_indexer(c.op, x, "x");
-  if (c.residual) {
-    p.residual = reinterpret_cast<const T*>(c.residual->const_data_ptr());
-    p.residual_rows = row_indexer(c.op, *c.residual, kPre == PreAdd::kGated ? "y" : "residual");
-  }
-  if (c.gate) {
-    p.gate = reinterpret_cast<const T*>(c.gate->const_data_ptr());
-    p.gate_rows = broadcast_row_indexer(c.op, *c.gate, "gate", x);
-  }
-  if (*c.weight) p.weight = reinterpret_cast<const W*>((*c.weight)->const_data_ptr());
-  if (*c.bias) p.bias = reinterpret_cast<const W*>((*c.bias)->const_data_ptr());
-  if (c.scale) {
-    p.scale = reinterpret_cast<const T*>(c.scale->const_data_ptr());
-    p.scale_rows = broadcast_row_indexer(c.op, *c.scale, "scale", x);
-  }
-  if (c.shift && *c.shift) {
-    p.shift = reinterpret_cast<const T*>((*c.shift)->const_data_ptr());
-    p.shift_rows = broadcast_row_indexer(c.op, **c.shift, "shift", x);
-  }
-  p.out = reinterpret_cast<O*>(c.out->data_ptr());
-  p.out_rows = row_indexer(c.op, *c.out, "out");
-  if (c.h_out) {
-    p.h_out = reinterpret_cast<T*>(c.h_out->data_ptr());
-    p.h_rows = row_indexer(c.op, *c.h_out, "h_out");
-  }
-  p.num_rows = num_rows(x);
-  p.hidden = x.size(-1);
-  p.eps = static_cast<float>(c.eps);
-  p.round_normalized = c.round_normalized;
-  const cudaError_t err = norm<kNorm, kPre, kMod>(p, at::cuda::getCurrentCUDAStream());
-  TORCH_CHECK(err == cudaSuccess, c.op, ": kernel launch failed: ", cudaGetErrorString(err));
-}
-
-// Picks the kernel instantiation: dtypes (x; weight = x's or fp32; out = x's or fp32), norm and
-// pre-add. Only the combinations the ops produce are instantiated.
-template <NormType kNorm, PreAdd kPre, bool kMod>
-void dispatch_dtypes(const NormCall& c) {
-  const bool weight_f32 = (*c.weight && (*c.weight)->scalar_type() == at::kFloat) ||
-                          (*c.bias && (*c.bias)->scalar_type() == at::kFloat);
-  const bool out_f32 = c.out->scalar_type() == at::kFloat;
-  dispatch_float_dtype(c.x->scalar_type(), "x", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    if constexpr (std::is_same_v<T, float>) {
-      run<kNorm, kPre, kMod, float, float, float>(c);
-    } else {
-      if (!weight_f32) {
-        run<kNorm, kPre, kMod, T, T, T>(c);
-      } else if (!out_f32) {
-        run<kNorm, kPre, kMod, T, float, T>(c);
-      } else if constexpr (kNorm == NormType::kRms && !kMod) {  // HF/diffusers rounding, fp32 weight
-        run<kNorm, kPre, kMod, T, float, float>(c);
-      }
-    }
-  });
 }
 
 // The (norm, pre-add, modulation) combinations the ops use; nothing else is instantiated.

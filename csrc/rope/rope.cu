@@ -59,7 +59,6 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& co
   TORCH_CHECK_VALUE(rotary_dim % 2 == 0 && rotary_dim <= q.size(3), kOp,
                     ": the rotary width (cos.shape[-1] = ", rotary_dim, ") must be even and at most head_dim = ",
                     q.size(3));
-  check_no_overlap(kOp, q, "q", k, "k");
 }
 
 template <RopeStyle kStyle, bool kFp32Math>
@@ -134,6 +133,7 @@ void rope_(at::Tensor& q, at::Tensor& k, const at::Tensor& cos, const at::Tensor
   // overlap each other (checked) nor the tables.
   check_writable_output(kOp, q, "q");
   check_writable_output(kOp, k, "k");
+  check_no_overlap(kOp, q, "q", k, "k");  // views of one fused projection pass: their elements interleave
   for (const auto& [t, name] : {std::pair{&cos, "cos"}, std::pair{&sin, "sin"}}) {
     check_no_overlap(kOp, q, "q", *t, name);
     check_no_overlap(kOp, k, "k", *t, name);

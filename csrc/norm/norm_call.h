@@ -1,0 +1,41 @@
+// What the norm bindings hand to the kernel dispatch: one launch's tensors. The dispatch for each
+// (norm, pre-add, modulation) combination is compiled in its own file under instances/ (they build
+// in parallel); norm.cu validates and calls dispatch_dtypes.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+
+#include "norm/norm.cuh"
+
+namespace transformer_kernels {
+namespace norm_binding {
+
+using OptTensor = std::optional<at::Tensor>;
+
+// Everything one kernel launch needs, as torch tensors; `nullptr`/empty for what is absent.
+struct NormCall {
+  const char* op;
+  NormType type;
+  PreAdd pre;
+  const at::Tensor* x;
+  const at::Tensor* residual = nullptr;  // the residual (kResidual) or the branch output y (kGated)
+  const at::Tensor* gate = nullptr;      // broadcast to x's shape
+  const OptTensor* weight;
+  const OptTensor* bias;
+  const at::Tensor* scale = nullptr;  // broadcast to x's shape
+  const OptTensor* shift = nullptr;   // broadcast to x's shape
+  at::Tensor* out;
+  at::Tensor* h_out = nullptr;
+  double eps;
+  bool round_normalized = false;
+};
+
+// Picks the kernel for x's dtype (weight = x's or fp32; out = x's or fp32) and launches it on the
+// current stream. Instantiated in instances/*.cu for the combinations the ops use.
+template <NormType kNorm, PreAdd kPre, bool kMod>
+void dispatch_dtypes(const NormCall& c);
+
+}  // namespace norm_binding
+}  // namespace transformer_kernels
