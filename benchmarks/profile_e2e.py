@@ -131,13 +131,13 @@ def main() -> None:
     env = environment()
     lines = [f"# End-to-end profiles: {env['gpu']}", "", f"torch {env['torch']}, CUDA {env['cuda']}, {env['date']}. "
              "torch.profiler, one profiled run after warm-up; random weights.", ""]
-    lines += profile_llm(args)
-    if not args.skip_ltx:
-        lines += profile_ltx(args)
     gpu = re.sub(r"[^a-z0-9]+", "-", env["gpu"].lower()).strip("-")
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"profile-{gpu}-{_dt.date.today().isoformat()}.md"
-    path.write_text("\n".join(lines) + "\n")
+    for section in (profile_llm, None if args.skip_ltx else profile_ltx):
+        if section is not None:
+            lines += section(args)
+            path.write_text("\n".join(lines) + "\n")  # after each section: a run cut short keeps the first
     print("\n".join(lines))
 
 
