@@ -29,7 +29,7 @@ from integrations.loading import load_kernel, use_local_build  # noqa: E402
 
 # Kernel name -> class; first match wins.
 CLASSES = (
-    ("ours", re.compile(r"norm_kernel|rope_kernel|elementwise_kernel|transformer_kernels")),
+    ("ours", re.compile(r"transformer_kernels::")),
     ("attention", re.compile(r"flash|fmha|attention|sdpa", re.I)),
     ("gemm", re.compile(r"gemm|nvjet|xmma|cutlass|cublas|wgmma|sm90_", re.I)),
     ("triton", re.compile(r"^triton_")),

@@ -6,6 +6,7 @@
 # cap; everything is packed into one archive, OUT_DIR/results.tgz (the device returns at most 8 files).
 #
 #   TESTS_S=150 LLM_S=60 PROFILE_S=150 MICRO_S=200 LTX_S=0 scripts/gpu_session.sh OUT_DIR [bench_micro args]
+#   AB_FLAGS="-DTK_FUSED_CACHED_VECS=2" AB_OPS="modulate fused_add_rms_norm" ...   adds an A/B stage
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="$1"; shift
@@ -33,6 +34,15 @@ grep -v " PASSED" "$R/tests.log" | grep -E "FAILED|ERROR|passed|failed" | tail -
 stage llm "${LLM_S:-60}" "$PYTHON" benchmarks/bench_llm.py --out "$R"
 stage profile "${PROFILE_S:-150}" "$PYTHON" benchmarks/profile_e2e.py --out "$R"
 stage micro "${MICRO_S:-200}" "$PYTHON" benchmarks/bench_micro.py --out "$R" "$@"
+if [ -n "${AB_FLAGS:-}" ]; then  # A/B of a tuning macro: rebuild with it, bench AB_OPS, rebuild the default
+  export TK_CUDA_FLAGS="$AB_FLAGS"
+  stage ab_build "${BUILD_S:-240}" "$PYTHON" tools/build_kernel.py --archs native
+  mkdir -p "$R/ab"
+  stage ab_micro "${AB_S:-60}" "$PYTHON" benchmarks/bench_micro.py --out "$R/ab" --ops ${AB_OPS:-modulate}
+  echo "$AB_FLAGS" > "$R/ab/flags.txt"
+  unset TK_CUDA_FLAGS
+  stage rebuild "${BUILD_S:-240}" "$PYTHON" tools/build_kernel.py --archs native
+fi
 stage ltx "${LTX_S:-0}" "$PYTHON" benchmarks/bench_ltx.py --matrix --num-frames 49 --height 512 --width 768 \
   --steps 10 --warmup-iterations 1 --out "$R"
 cat "$R"/*.md 2>/dev/null | head -150

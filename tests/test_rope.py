@@ -142,7 +142,8 @@ BAD = {
     "in_place_q_is_k": (lambda t: (lambda x: t.apply_rotary_pos_emb_(x, x, _bf(1, 4, 64), _bf(1, 4, 64)))(
         _bf(1, 2, 4, 64)), ValueError, "q must not share memory with k"),
     "in_place_k_overlaps_q": (lambda t: (lambda qkv: t.apply_rotary_pos_emb_(
-        qkv[..., :128].unflatten(-1, (2, 64)), qkv[..., 127:255].unflatten(-1, (2, 64)), _bf(1, 4, 64), _bf(1, 4, 64)))(
+        qkv[..., :128].unflatten(-1, (2, 64)), qkv[..., 127:255].unflatten(-1, (2, 64)), _bf(1, 4, 64), _bf(1, 4, 64),
+        unsqueeze_dim=2))(
         _bf(1, 4, 384)), ValueError, "q must not share memory with k"),
     "cpu": (lambda t: t.apply_rotary_pos_emb(torch.randn(1, 2, 4, 64), torch.randn(1, 2, 4, 64),
                                              torch.randn(1, 4, 64), torch.randn(1, 4, 64)), ValueError,

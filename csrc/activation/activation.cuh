@@ -59,7 +59,7 @@ struct ElementwiseParams {
 namespace elementwise_detail {
 
 constexpr int kThreadsPerBlock = 256;
-// Each thread aims at this many vectors per row, so a row's loads are in flight together.
+// Vectors each thread loads per step (all in flight together); also what sizes a row's threads.
 constexpr int kVecsPerThread = 4;
 
 template <typename T, Elementwise kOp, Activation kAct>
@@ -89,19 +89,33 @@ __global__ void elementwise_kernel(const ElementwiseParams<T> p) {
   T* __restrict__ out = p.out + p.out_rows.offset(row);
   const int64_t num_vecs = p.cols / kVec;
 
-#pragma unroll 4
-  for (int64_t v = lane; v < num_vecs; v += threads) {
-    vec av, bv, cv, ov;
-    av.load(a + v * kVec);
-    if constexpr (kOp != Elementwise::kAct) bv.load(b + v * kVec);
-    if constexpr (kOp == Elementwise::kGatedAdd) cv.load(c + v * kVec);
+  // kVecsPerThread vectors per thread per step, all loads issued before any math or store, so
+  // that each thread keeps that many 16-byte loads of every operand in flight.
+  for (int64_t base = lane; base < num_vecs; base += static_cast<int64_t>(threads) * kVecsPerThread) {
+    vec av[kVecsPerThread], bv[kVecsPerThread], cv[kVecsPerThread];
 #pragma unroll
-    for (int i = 0; i < kVec; ++i) {
-      const float bf = kOp != Elementwise::kAct ? to_float(bv[i]) : 0.f;
-      const float cf = kOp == Elementwise::kGatedAdd ? to_float(cv[i]) : 0.f;
-      ov[i] = from_float<T>(apply<T, kOp, kAct>(to_float(av[i]), bf, cf));
+    for (int u = 0; u < kVecsPerThread; ++u) {
+      const int64_t v = base + static_cast<int64_t>(u) * threads;
+      if (v < num_vecs) {
+        av[u].load(a + v * kVec);
+        if constexpr (kOp != Elementwise::kAct) bv[u].load(b + v * kVec);
+        if constexpr (kOp == Elementwise::kGatedAdd) cv[u].load(c + v * kVec);
+      }
     }
-    ov.store(out + v * kVec);
+#pragma unroll
+    for (int u = 0; u < kVecsPerThread; ++u) {
+      const int64_t v = base + static_cast<int64_t>(u) * threads;
+      if (v < num_vecs) {
+        vec ov;
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) {
+          const float bf = kOp != Elementwise::kAct ? to_float(bv[u][i]) : 0.f;
+          const float cf = kOp == Elementwise::kGatedAdd ? to_float(cv[u][i]) : 0.f;
+          ov[i] = from_float<T>(apply<T, kOp, kAct>(to_float(av[u][i]), bf, cf));
+        }
+        ov.store(out + v * kVec);
+      }
+    }
   }
   for (int64_t col = num_vecs * kVec + lane; col < p.cols; col += threads) {
     const float bf = kOp != Elementwise::kAct ? to_float(b[col]) : 0.f;
