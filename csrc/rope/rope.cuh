@@ -55,8 +55,10 @@ namespace rope_detail {
 
 constexpr int kThreadsPerBlock = 256;
 // Threads a token gets at most (step lanes x head groups): with Llama's 40 heads of 128 in bf16,
-// 8 step lanes x 16 head groups, each thread rotating 2 or 3 heads with one load of cos/sin.
-constexpr int kTokenThreads = 128;
+// 8 step lanes x 4 head groups, each thread rotating 10 heads, 4 in flight, with one load of cos/sin.
+constexpr int kTokenThreads = 32;
+// Heads whose loads one thread issues together (registers: 2 x kPairs floats each).
+constexpr int kHeadsInFlight = 4;
 
 template <typename T, bool kFp32Math>
 TK_DEVICE float rotate(float x, float partner_signed, float c, float s) {
@@ -123,46 +125,60 @@ __global__ void rope_kernel(const RopeParams<T, table_t> p) {
         s1[i] = to_float(sv[2 * i]), s2[i] = to_float(sv[2 * i + 1]);
       }
     }
-#pragma unroll 2
-    for (int head = head_group; head < heads; head += head_groups) {
-      const T* x;
-      T* out;
-      head_ptrs(head, x, out);
-      float x1[kPairs], x2[kPairs];
-      if constexpr (kPairs == 1) {
-        x1[0] = to_float(x[first(j0)]), x2[0] = to_float(x[second(j0)]);
-      } else if constexpr (kStyle == RopeStyle::kNeox) {
-        vec_t<T, kPairs> a, bv;
-        a.load(x + j0);
-        bv.load(x + j0 + num_pairs);
-        a.cast_to(x1);
-        bv.cast_to(x2);
-      } else {
-        vec_t<T, 2 * kPairs> xv;
-        xv.load(x + 2 * j0);
+    // kHeadsInFlight heads at a time: every head's loads are issued before any math or store, so a
+    // thread keeps that many 16-byte loads of x in flight.
+    for (int head0 = head_group; head0 < heads; head0 += kHeadsInFlight * head_groups) {
+      float x1[kHeadsInFlight][kPairs], x2[kHeadsInFlight][kPairs];
 #pragma unroll
-        for (int i = 0; i < kPairs; ++i) x1[i] = to_float(xv[2 * i]), x2[i] = to_float(xv[2 * i + 1]);
+      for (int u = 0; u < kHeadsInFlight; ++u) {
+        const int head = head0 + u * head_groups;
+        if (head >= heads) break;
+        const T* x;
+        T* out;
+        head_ptrs(head, x, out);
+        if constexpr (kPairs == 1) {
+          x1[u][0] = to_float(x[first(j0)]), x2[u][0] = to_float(x[second(j0)]);
+        } else if constexpr (kStyle == RopeStyle::kNeox) {
+          vec_t<T, kPairs> a, bv;
+          a.load(x + j0);
+          bv.load(x + j0 + num_pairs);
+          a.cast_to(x1[u]);
+          bv.cast_to(x2[u]);
+        } else {
+          vec_t<T, 2 * kPairs> xv;
+          xv.load(x + 2 * j0);
+#pragma unroll
+          for (int i = 0; i < kPairs; ++i) x1[u][i] = to_float(xv[2 * i]), x2[u][i] = to_float(xv[2 * i + 1]);
+        }
       }
-      T y1[kPairs], y2[kPairs];
 #pragma unroll
-      for (int i = 0; i < kPairs; ++i) {
-        y1[i] = from_float<T>(rotate<T, kFp32Math>(x1[i], -x2[i], c1[i], s1[i]));
-        y2[i] = from_float<T>(rotate<T, kFp32Math>(x2[i], x1[i], c2[i], s2[i]));
-      }
-      if constexpr (kPairs == 1) {
-        out[first(j0)] = y1[0];
-        out[second(j0)] = y2[0];
-      } else if constexpr (kStyle == RopeStyle::kNeox) {
-        vec_t<T, kPairs> a, bv;
+      for (int u = 0; u < kHeadsInFlight; ++u) {
+        const int head = head0 + u * head_groups;
+        if (head >= heads) break;
+        const T* x;
+        T* out;
+        head_ptrs(head, x, out);
+        T y1[kPairs], y2[kPairs];
 #pragma unroll
-        for (int i = 0; i < kPairs; ++i) a[i] = y1[i], bv[i] = y2[i];
-        a.store(out + first(j0));
-        bv.store(out + second(j0));
-      } else {
-        vec_t<T, 2 * kPairs> o;
+        for (int i = 0; i < kPairs; ++i) {
+          y1[i] = from_float<T>(rotate<T, kFp32Math>(x1[u][i], -x2[u][i], c1[i], s1[i]));
+          y2[i] = from_float<T>(rotate<T, kFp32Math>(x2[u][i], x1[u][i], c2[i], s2[i]));
+        }
+        if constexpr (kPairs == 1) {
+          out[first(j0)] = y1[0];
+          out[second(j0)] = y2[0];
+        } else if constexpr (kStyle == RopeStyle::kNeox) {
+          vec_t<T, kPairs> a, bv;
 #pragma unroll
-        for (int i = 0; i < kPairs; ++i) o[2 * i] = y1[i], o[2 * i + 1] = y2[i];
-        o.store(out + first(j0));
+          for (int i = 0; i < kPairs; ++i) a[i] = y1[i], bv[i] = y2[i];
+          a.store(out + first(j0));
+          bv.store(out + second(j0));
+        } else {
+          vec_t<T, 2 * kPairs> o;
+#pragma unroll
+          for (int i = 0; i < kPairs; ++i) o[2 * i] = y1[i], o[2 * i + 1] = y2[i];
+          o.store(out + first(j0));
+        }
       }
     }
   }
