@@ -60,8 +60,7 @@ namespace elementwise_detail {
 
 constexpr int kThreadsPerBlock = 256;
 // Vectors each thread loads per step (all in flight together); also what sizes a row's threads.
-constexpr int kVecsPerThread = 2;
-constexpr int64_t kMaxGridY = 65535;  // CUDA's limit on gridDim.y
+constexpr int kVecsPerThread = 4;
 
 template <typename T, Elementwise kOp, Activation kAct>
 TK_DEVICE float apply(float a, float b, float c) {
@@ -92,10 +91,7 @@ __global__ void elementwise_kernel(const ElementwiseParams<T> p) {
 
   // kVecsPerThread vectors per thread per step, all loads issued before any math or store, so
   // that each thread keeps that many 16-byte loads of every operand in flight.
-  // Long rows are split into chunks of threads * kVecsPerThread vectors over blockIdx.y, so that
-  // blocks are short and many (no tail wave of a few long blocks).
-  const int64_t chunk_vecs = static_cast<int64_t>(threads) * kVecsPerThread;
-  for (int64_t base = lane + blockIdx.y * chunk_vecs; base < num_vecs; base += gridDim.y * chunk_vecs) {
+  for (int64_t base = lane; base < num_vecs; base += static_cast<int64_t>(threads) * kVecsPerThread) {
     vec av[kVecsPerThread], bv[kVecsPerThread], cv[kVecsPerThread];
 #pragma unroll
     for (int u = 0; u < kVecsPerThread; ++u) {
@@ -121,7 +117,6 @@ __global__ void elementwise_kernel(const ElementwiseParams<T> p) {
       }
     }
   }
-  if (blockIdx.y != 0) return;  // the scalar tail: chunk 0's block
   for (int64_t col = num_vecs * kVec + lane; col < p.cols; col += threads) {
     const float bf = kOp != Elementwise::kAct ? to_float(b[col]) : 0.f;
     const float cf = kOp == Elementwise::kGatedAdd ? to_float(c[col]) : 0.f;
@@ -139,10 +134,7 @@ cudaError_t launch(ElementwiseParams<T> p, cudaStream_t stream) {
   while ((int64_t{1} << log2) < wanted && (1 << log2) < kThreadsPerBlock) ++log2;
   p.log2_threads_per_row = log2;
   const int64_t rows_per_block = kThreadsPerBlock >> log2;
-  const int64_t chunk_vecs = (int64_t{1} << log2) * kVecsPerThread;
-  const int64_t chunks = std::min<int64_t>((num_vecs + chunk_vecs - 1) / chunk_vecs, kMaxGridY);
-  const dim3 grid(static_cast<unsigned>((p.num_rows + rows_per_block - 1) / rows_per_block),
-                  static_cast<unsigned>(chunks));
+  const dim3 grid(static_cast<unsigned>((p.num_rows + rows_per_block - 1) / rows_per_block));
   elementwise_kernel<T, kOp, kAct, kVec><<<grid, kThreadsPerBlock, 0, stream>>>(p);
   return cudaGetLastError();
 }
