@@ -1,0 +1,53 @@
+#!/usr/bin/env python3
+"""Loading transformer-kernels from the Kernel Hub with ``kernels.get_kernel``, and ``kernelize``.
+
+    python examples/hub_get_kernel.py                 # from the Hub
+    python examples/hub_get_kernel.py --local-build   # the same code, resolved to ./build (LOCAL_KERNELS)
+"""
+
+import argparse
+import os
+from pathlib import Path
+
+import torch
+
+REPO_ID = "transformer-kernels/transformer-kernels"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--local-build", action="store_true")
+    args = p.parse_args()
+    if args.local_build:  # what the Hub would serve, from this checkout's build/
+        os.environ.setdefault("LOCAL_KERNELS", f"{REPO_ID}={Path(__file__).resolve().parent.parent}")
+    if not torch.cuda.is_available():
+        raise SystemExit("transformer-kernels runs on NVIDIA GPUs: torch.cuda.is_available() is False")
+
+    from kernels import LayerRepository, Mode, get_kernel, kernelize, use_kernel_mapping
+
+    tk = get_kernel(REPO_ID, version=1)
+    x = torch.randn(8, 4096, device="cuda", dtype=torch.bfloat16)
+    w = torch.rand(4096, device="cuda", dtype=torch.bfloat16) + 0.5
+    residual = torch.randn_like(x)
+    print("rms_norm:", tk.rms_norm(x, w, eps=1e-5).shape)
+    out, new_residual = tk.fused_add_rms_norm(x, residual, w, 1e-5)
+    print("fused_add_rms_norm:", out.shape, new_residual.shape)
+    gate_up = torch.randn(8, 2 * 14336, device="cuda", dtype=torch.bfloat16)
+    print("silu_and_mul:", tk.silu_and_mul(gate_up).shape)
+
+    # kernelize: transformers' RMSNorm modules carry use_kernel_forward_from_hub("RMSNorm")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=1000)
+    model = LlamaForCausalLM(config).to("cuda", torch.bfloat16).eval()
+    mapping = {"RMSNorm": {"cuda": LayerRepository(REPO_ID, layer_name="RMSNorm", revision="v1")}}
+    with use_kernel_mapping(mapping):
+        model = kernelize(model, mode=Mode.INFERENCE, device="cuda")
+    ids = torch.randint(0, 1000, (1, 12), device="cuda")
+    with torch.no_grad():
+        print("kernelized Llama logits:", model(ids).logits.shape)
+
+
+if __name__ == "__main__":
+    main()
