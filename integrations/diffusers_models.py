@@ -93,6 +93,35 @@ def _adaln_zero_single_forward(tk: ModuleType) -> Callable:
     return forward
 
 
+def _sd35_adaln_zero_x_forward(tk: ModuleType) -> Callable:
+    """``SD35AdaLayerNormZeroX`` (SD3.5's dual-attention blocks): one LayerNorm, two modulations of
+    it. Each is one kernel; both normalize x the same way, so the outputs equal the eager ones."""
+
+    def forward(self, hidden_states, emb=None):
+        emb = self.linear(self.silu(emb))
+        (shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp, shift_msa2, scale_msa2,
+         gate_msa2) = emb.chunk(9, dim=1)
+        norm = dict(norm="layer", weight=self.norm.weight, bias=self.norm.bias, eps=self.norm.eps)
+        out = tk.norm_modulate(hidden_states, scale_msa[:, None], shift_msa[:, None], **norm)
+        out2 = tk.norm_modulate(hidden_states, scale_msa2[:, None], shift_msa2[:, None], **norm)
+        return out, gate_msa, shift_mlp, scale_mlp, gate_mlp, out2, gate_msa2
+
+    return forward
+
+
+def _adaln_continuous_forward(tk: ModuleType) -> Callable:
+    """``AdaLayerNormContinuous`` (the final norm of SD3, Flux and others): LayerNorm and its
+    modulation in one kernel."""
+
+    def forward(self, x, conditioning_embedding):
+        emb = self.linear(self.silu(conditioning_embedding).to(x.dtype))
+        scale, shift = torch.chunk(emb, 2, dim=1)
+        return tk.norm_modulate(x, scale[:, None, :], shift[:, None, :], norm="layer", weight=self.norm.weight,
+                                bias=self.norm.bias, eps=self.norm.eps)
+
+    return forward
+
+
 def _torch_rms_norm(tk: ModuleType, norm: torch.nn.RMSNorm, x: torch.Tensor) -> torch.Tensor:
     """A q/k ``torch.nn.RMSNorm`` through the Hub layer's forward (torch rounding, its eps=None)."""
     return tk.layers.RMSNorm.forward(norm, x)
@@ -219,6 +248,10 @@ RULES: tuple[Rule, ...] = (
     Rule("adaln_zero", named("AdaLayerNormZero"), forward_from(_adaln_zero_forward), claims=("norm",),
          skip=_adaln_skip),
     Rule("adaln_zero_single", named("AdaLayerNormZeroSingle"), forward_from(_adaln_zero_single_forward),
+         claims=("norm",), skip=_adaln_skip),
+    Rule("sd35_adaln_zero_x", named("SD35AdaLayerNormZeroX"), forward_from(_sd35_adaln_zero_x_forward),
+         claims=("norm",), skip=_adaln_skip),
+    Rule("adaln_continuous", named("AdaLayerNormContinuous"), forward_from(_adaln_continuous_forward),
          claims=("norm",), skip=_adaln_skip),
     Rule("gelu", named("GELU"), forward_from(_gelu_forward), skip=_gelu_skip),
     Rule("rms_norm", named("RMSNorm"), layer_forward("RMSNorm")),

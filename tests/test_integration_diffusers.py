@@ -1,4 +1,4 @@
-"""diffusers integration: inject() on an LTX-Video transformer built from a small config.
+"""diffusers integration: inject() on LTX-Video, Flux and SD3.5 transformers built from small configs.
 
 On CPU the injected model runs against a stand-in kernel made of the eager reference code, which
 checks the wiring (which tensor goes to which op, with which eps and rounding) exactly; on the GPU
@@ -150,3 +150,41 @@ def test_flux_report_and_exact_wiring_on_cpu(tk):
 @pytest.mark.gpu
 def test_flux_injected_matches_eager_on_gpu(tk):
     assert_injected_matches_eager(small_flux(torch.bfloat16, "cuda"), flux_inputs(torch.bfloat16, "cuda"), tk)
+
+
+def small_sd3(dtype=torch.float32, device="cpu"):
+    """SD3.5-shaped: RMS q/k norms, a dual-attention first block (SD35AdaLayerNormZeroX)."""
+    torch.manual_seed(0)
+    model = diffusers.SD3Transformer2DModel(sample_size=16, patch_size=2, in_channels=4, num_layers=2,
+                                            attention_head_dim=16, num_attention_heads=4, joint_attention_dim=32,
+                                            caption_projection_dim=64, pooled_projection_dim=24, out_channels=4,
+                                            qk_norm="rms_norm", dual_attention_layers=(0,))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+    return model.to(device, dtype).eval()
+
+
+def sd3_inputs(dtype=torch.float32, device="cpu", B=2):
+    g = torch.Generator().manual_seed(4)
+    return dict(hidden_states=torch.randn(B, 4, 16, 16, generator=g).to(device, dtype),
+                encoder_hidden_states=torch.randn(B, 7, 32, generator=g).to(device, dtype),
+                pooled_projections=torch.randn(B, 24, generator=g).to(device, dtype),
+                timestep=torch.tensor([100, 500], device=device), return_dict=False)
+
+
+def test_sd3_report_and_exact_wiring_on_cpu(tk):
+    report = inject(small_sd3(), tk)
+    assert report.replaced.get("sd35_adaln_zero_x") == 1 and report.replaced.get("adaln_continuous") == 2  # norm_out, last norm1_context
+    assert report.replaced.get("adaln_zero") == 2 and report.replaced.get("gelu") == 3
+    model = small_sd3()
+    inputs = sd3_inputs()
+    expected = model(**inputs)[0]
+    inject(model, EAGER_TK)
+    torch.testing.assert_close(model(**inputs)[0], expected, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+def test_sd3_injected_matches_eager_on_gpu(tk):
+    assert_injected_matches_eager(small_sd3(torch.bfloat16, "cuda"), sd3_inputs(torch.bfloat16, "cuda"), tk)
