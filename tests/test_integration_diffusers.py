@@ -176,7 +176,8 @@ def sd3_inputs(dtype=torch.float32, device="cpu", B=2):
 
 def test_sd3_report_and_exact_wiring_on_cpu(tk):
     report = inject(small_sd3(), tk)
-    assert report.replaced.get("sd35_adaln_zero_x") == 1 and report.replaced.get("adaln_continuous") == 2  # norm_out, last norm1_context
+    # AdaLayerNormContinuous: norm_out and the last block's context norm
+    assert report.replaced.get("sd35_adaln_zero_x") == 1 and report.replaced.get("adaln_continuous") == 2
     assert report.replaced.get("adaln_zero") == 2 and report.replaced.get("gelu") == 3
     model = small_sd3()
     inputs = sd3_inputs()
