@@ -23,7 +23,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.harness import Case, Report, copy_gbps, environment  # noqa: E402
 from integrations.loading import load_kernel, use_local_build  # noqa: E402
 from reference.activations import eager_act_and_mul, eager_act_mul, eager_activation, eager_gated_add  # noqa: E402
-from reference.rope import diffusers_interleaved_rotary, hf_apply_rotary_pos_emb  # noqa: E402
+from reference.rope import (  # noqa: E402
+    diffusers_interleaved_rotary,
+    hf_apply_rotary_pos_emb,
+    vllm_rotary_embedding_native,
+)
 from reference.norms import (  # noqa: E402
     diffusers_norm_modulate,
     hf_fused_add_rms_norm,
@@ -222,6 +226,19 @@ def rope_cases(tk, quick: bool) -> Iterator[Case]:
     if quick:
         return
     yield hf_rope_case(tk, 4, 4096, 32, 8, 128, "Llama-3.1-8B prefill 4x4096")
+    # vLLM's form: positions into a cos/sin cache, in place on views of the fused QKV projection
+    T, Hq, Hk, d = 16384, 32, 8, 128
+    qkv = torch.randn(T, (Hq + 2 * Hk) * d, **bf16)
+    q, k = qkv[:, : Hq * d], qkv[:, Hq * d: (Hq + Hk) * d]
+    angles = torch.rand(8192, d // 2, device="cuda") * 100
+    cache = torch.cat((angles.cos(), angles.sin()), -1).to(torch.bfloat16)
+    positions = torch.randint(0, 8192, (T,), device="cuda")
+    yield Case("rope (vllm cached, in place)", f"{T} tokens q{Hq} k{Hk} d{d}", "bfloat16",
+               2 * nbytes(q, k) + nbytes(positions) + T * d * 2,
+               with_baselines(lambda: tk.rotary_embedding(positions, q, k, d, cache),
+                              lambda p, q, k, c: vllm_rotary_embedding_native(p, q, k, d, c), (positions, q, k, cache),
+                              eager_name="vllm native"),
+               note="Llama-3.1-8B, 16384 batched tokens (vLLM forward_native as the eager code)")
     # LTX-Video 2B: q, k [B, S, 2048] with fp32 tables [B, S, 2048] (diffusers' apply_rotary_emb)
     q, k = torch.randn(2, 8064, 2048, **bf16), torch.randn(2, 8064, 2048, **bf16)
     angles = torch.rand(2, 8064, 1024, device="cuda") * 100

@@ -41,3 +41,24 @@ def rotary_float64(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style:
         a, b = xr.unflatten(-1, (-1, 2)).unbind(-1)
         rot = torch.stack([-b, a], dim=-1).flatten(-2)
     return torch.cat((xr * c + rot * s, xp), dim=-1)
+
+
+def vllm_rotary_embedding_native(positions, query, key, head_size, cos_sin_cache, is_neox=True):
+    """vLLM's ``RotaryEmbedding.forward_native`` (out of place): gather each token's cache row, split
+    it into R/2 cosines and sines, rotate the first R channels of every head in the cache's dtype."""
+    cos, sin = cos_sin_cache.index_select(0, positions).chunk(2, dim=-1)
+    r = cos.shape[-1] * 2
+
+    def apply(x):
+        x = x.view(x.shape[0], -1, head_size)
+        x_rot, x_pass = x[..., :r], x[..., r:]
+        c, s = cos.unsqueeze(-2).to(x.dtype), sin.unsqueeze(-2).to(x.dtype)
+        if is_neox:
+            x1, x2 = x_rot.chunk(2, dim=-1)
+            rotated = torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+        else:
+            x1, x2 = x_rot[..., ::2], x_rot[..., 1::2]
+            rotated = torch.stack((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).flatten(-2)
+        return torch.cat((rotated, x_pass), dim=-1).flatten(-2)
+
+    return apply(query), apply(key)

@@ -63,7 +63,7 @@ def test_loads_through_get_local_kernel_and_local_kernels(tk, variant_dir):
     for op in ("rms_norm", "rms_norm_out", "fused_add_rms_norm", "fused_add_rms_norm_out", "fused_add_rms_norm_",
                "layer_norm", "layer_norm_out", "norm_modulate", "norm_modulate_out", "gated_add_norm_modulate",
                "gated_add_norm_modulate_out", "activation", "activation_out", "act_and_mul", "act_and_mul_out",
-               "act_mul", "act_mul_out", "gated_add", "gated_add_out", "rope", "rope_"):
+               "act_mul", "act_mul_out", "gated_add", "gated_add_out", "rope", "rope_", "rope_cached_"):
         assert hasattr(getattr(torch.ops, meta["id"]), op)
     assert tk.add_op_namespace_prefix("rms_norm") == f"{meta['id']}::rms_norm"
     assert set(tk.__all__) >= {"rms_norm", "layers", "ops"}
@@ -108,6 +108,9 @@ def test_every_op_traces_on_meta(tk):
     q_out, k_out = tk.apply_rotary_pos_emb(q, k, cos, cos)
     assert q_out.shape == q.shape and k_out.shape == k.shape
     assert tk.ltx_rotary_emb(x, r, x.float(), x.float())[0].shape == x.shape
+    qt, kt = torch.empty(9, 8 * 128, **meta), torch.empty(9, 2 * 128, **meta)
+    positions = torch.empty(9, device="meta", dtype=torch.long)
+    assert tk.rotary_embedding(positions, qt, kt, 128, torch.empty(64, 128, **meta))[0] is qt
 
 
 def test_fake_impl_rejects_bad_out(tk):

@@ -8,7 +8,12 @@ import pytest
 import torch
 
 from helpers import DTYPES, assert_matches_eager, assert_rejects, assert_within, random_input
-from reference.rope import diffusers_interleaved_rotary, hf_apply_rotary_pos_emb, rotary_float64
+from reference.rope import (
+    diffusers_interleaved_rotary,
+    hf_apply_rotary_pos_emb,
+    rotary_float64,
+    vllm_rotary_embedding_native,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -119,6 +124,80 @@ def test_unaligned_and_odd_layouts(tk):
     assert_matches_eager(q_out, q_eager, rope_magnitude(q, cos.unsqueeze(2), sin.unsqueeze(2), "neox"), 4)
 
 
+def vllm_cos_sin_cache(max_position, rotary_dim, dtype, theta=10000.0):
+    """As vLLM's RotaryEmbedding._compute_cos_sin_cache builds it: R/2 cosines then R/2 sines per row."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, device="cuda").float() / rotary_dim))
+    freqs = torch.outer(torch.arange(max_position, device="cuda").float(), inv_freq)
+    return torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(dtype)
+
+
+def full_width_tables(cache, positions, is_neox):
+    """The cache rows of the positions as full-width cos/sin [T, R] (one entry per element)."""
+    c, s = cache[positions].chunk(2, dim=-1)
+    if is_neox:
+        return torch.cat((c, c), -1), torch.cat((s, s), -1)
+    return c.repeat_interleave(2, -1), s.repeat_interleave(2, -1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("cache_fp32", [False, True], ids=["cache_model_dtype", "cache_fp32"])
+@pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
+@pytest.mark.parametrize("partial", [False, True], ids=["full", "partial"])
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_vllm_rotary_embedding(tk, dtype, cache_fp32, is_neox, partial, d):
+    T, Hq, Hk, P = 37, 7, 1, 4096
+    qkv = random_input((T, (Hq + 2 * Hk) * d), dtype)
+    q, k = qkv[:, : Hq * d], qkv[:, Hq * d: (Hq + Hk) * d]  # in place on views of a fused projection
+    q0, k0, v0 = q.clone(), k.clone(), qkv[:, (Hq + Hk) * d:].clone()
+    R = d // 2 if partial else d
+    cache = vllm_cos_sin_cache(P, R, torch.float32 if cache_fp32 else dtype)
+    positions = torch.randint(0, P, (T,), device="cuda")  # not monotonic
+    out = tk.rotary_embedding(positions, q, k, d, cache, is_neox)
+    assert out[0] is q and out[1] is k
+    cos, sin = full_width_tables(cache, positions, is_neox)
+    style = "neox" if is_neox else "interleaved"
+    for ours, x0, H in ((q, q0, Hq), (k, k0, Hk)):
+        x = x0.view(T, H, d)
+        c, s_ = cos[:, None], sin[:, None]
+        ulps = 1.5 if (cache_fp32 and dtype != torch.float32) else 3.5  # one rounding, or three
+        assert_within(ours.view(T, H, d), rotary_float64(x, c, s_, style), rope_magnitude(x, c, s_, style), ulps,
+                      "rotary_embedding vs float64")
+    assert torch.equal(qkv[:, (Hq + Hk) * d:], v0)  # v untouched
+    if cache.dtype == dtype:  # per-op rounding in the model dtype, as vLLM's own code: same bits
+        q_vllm, k_vllm = vllm_rotary_embedding_native(positions, q0, k0, d, cache, is_neox)
+        assert torch.equal(q, q_vllm) and torch.equal(k, k_vllm)
+    if is_neox and not cache_fp32:  # vLLM's per-op rounding is transformers' rounding: same bits
+        q_hf, k_hf = tk.apply_rotary_pos_emb(q0.view(1, T, Hq, d), k0.view(1, T, Hk, d), cos[None], sin[None],
+                                             unsqueeze_dim=2)
+        assert torch.equal(q.view(1, T, Hq, d), q_hf) and torch.equal(k.view(1, T, Hk, d), k_hf)
+
+
+def test_vllm_rotary_embedding_out_of_range_positions_give_nan(tk):
+    T, H, d, P = 6, 2, 64, 16
+    q, k = random_input((T, H * d), torch.bfloat16), random_input((T, H * d), torch.bfloat16)
+    positions = torch.tensor([0, -1, 3, P, 15, P + 100], device="cuda")
+    tk.rotary_embedding(positions, q, k, d, vllm_cos_sin_cache(P, d, torch.bfloat16))
+    bad = torch.tensor([False, True, False, True, False, True], device="cuda")
+    for t in (q, k):
+        assert t[bad].isnan().all() and t[~bad].isfinite().all()
+
+
+def test_vllm_rotary_embedding_opcheck_and_compile(tk):
+    T, d = 16, 64
+    positions = torch.randint(0, 128, (T,), device="cuda")
+    cache = vllm_cos_sin_cache(128, d, torch.bfloat16)
+    q, k = random_input((T, 4 * d), torch.bfloat16), random_input((T, 2 * d), torch.bfloat16)
+    torch.library.opcheck(tk.ops.rope_cached_.default, (positions, q.clone(), k.clone(), d, cache, "neox"))
+    torch._dynamo.reset()
+
+    def f(q, k):
+        q, k = q.clone(), k.clone()
+        return tk.rotary_embedding(positions, q, k, d, cache)
+
+    for a, b in zip(torch.compile(f, fullgraph=True)(q, k), f(q, k)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
 def _bf(*shape):
     return torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
 
@@ -145,6 +224,24 @@ BAD = {
         qkv[..., :128].unflatten(-1, (2, 64)), qkv[..., 127:255].unflatten(-1, (2, 64)), _bf(1, 4, 64), _bf(1, 4, 64),
         unsqueeze_dim=2))(
         _bf(1, 4, 384)), ValueError, "q must not share memory with k"),
+    "vllm_positions_int32": (lambda t: t.rotary_embedding(torch.zeros(4, dtype=torch.int32, device="cuda"),
+                                                          _bf(4, 128), _bf(4, 64), 64, _bf(32, 64)),
+                             TypeError, "positions must have dtype"),
+    "vllm_positions_count": (lambda t: t.rotary_embedding(torch.zeros(5, dtype=torch.long, device="cuda"),
+                                                          _bf(4, 128), _bf(4, 64), 64, _bf(32, 64)),
+                             ValueError, "one entry per token"),
+    "vllm_head_size": (lambda t: t.rotary_embedding(torch.zeros(4, dtype=torch.long, device="cuda"),
+                                                    _bf(4, 100), _bf(4, 64), 64, _bf(32, 64)),
+                       ValueError, "query must be"),
+    "vllm_cache_odd": (lambda t: t.rotary_embedding(torch.zeros(4, dtype=torch.long, device="cuda"),
+                                                    _bf(4, 128), _bf(4, 64), 64, _bf(32, 63)),
+                       ValueError, "rotary_dim even"),
+    "vllm_cache_wider_than_head": (lambda t: t.rotary_embedding(torch.zeros(4, dtype=torch.long, device="cuda"),
+                                                                _bf(4, 128), _bf(4, 64), 64, _bf(32, 128)),
+                                   ValueError, "at most head_size"),
+    "vllm_cache_fp16": (lambda t: t.rotary_embedding(torch.zeros(4, dtype=torch.long, device="cuda"),
+                                                     _bf(4, 128), _bf(4, 64), 64, _bf(32, 64).half()),
+                        TypeError, "cos_sin_cache must have"),
     "cpu": (lambda t: t.apply_rotary_pos_emb(torch.randn(1, 2, 4, 64), torch.randn(1, 2, 4, 64),
                                              torch.randn(1, 4, 64), torch.randn(1, 4, 64)), ValueError,
             "q must be a CUDA tensor"),

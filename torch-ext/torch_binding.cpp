@@ -50,6 +50,9 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   // Rotary embeddings on q [B, S, Hq, d] and k [B, S, Hk, d] in one launch, out of place or in place.
   ops.def("rope(Tensor q, Tensor k, Tensor cos, Tensor sin, str style, bool fp32_math) -> (Tensor, Tensor)");
   ops.def("rope_(Tensor(a!) q, Tensor(b!) k, Tensor cos, Tensor sin, str style, bool fp32_math) -> ()");
+  // vLLM's form, in place: query [T, Hq*d], key [T, Hk*d], positions [T] into cos_sin_cache [P, R].
+  ops.def("rope_cached_(Tensor positions, Tensor(a!) query, Tensor(b!) key, int head_size, Tensor cos_sin_cache, "
+          "str style) -> ()");
 
   // Every op is registered for CPU too, with the same entry point: CPU tensors then fail with a
   // clear "must be a CUDA tensor" instead of the dispatcher's "no kernel for CPU".
@@ -75,6 +78,7 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
     ops.impl("gated_add_out", key, &tk::gated_add_out);
     ops.impl("rope", key, &tk::rope);
     ops.impl("rope_", key, &tk::rope_);
+    ops.impl("rope_cached_", key, &tk::rope_cached_);
   }
 }
 

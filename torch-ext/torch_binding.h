@@ -67,5 +67,9 @@ std::tuple<torch::Tensor, torch::Tensor> rope(const torch::Tensor& q, const torc
                                               const torch::Tensor& sin, std::string_view style, bool fp32_math);
 void rope_(torch::Tensor& q, torch::Tensor& k, const torch::Tensor& cos, const torch::Tensor& sin,
            std::string_view style, bool fp32_math);
+// vLLM's rotary_embedding, in place: positions [T] int64; query [T, Hq*d] or [T, Hq, d], key likewise;
+// cos_sin_cache [max_position, R] (R/2 cosines then R/2 sines per row), query's dtype or float32
+void rope_cached_(const torch::Tensor& positions, torch::Tensor& query, torch::Tensor& key, int64_t head_size,
+                  const torch::Tensor& cos_sin_cache, std::string_view style);
 
 }  // namespace transformer_kernels

@@ -6,6 +6,7 @@
 
 #include <string_view>
 #include <tuple>
+#include <type_traits>
 
 #include "common/checks.h"
 #include "common/dispatch.h"
@@ -61,9 +62,11 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& co
                     q.size(3));
 }
 
-template <RopeStyle kStyle, bool kFp32Math>
+// positions == nullptr: tables cos, sin [B or 1, S, R]. Otherwise the cached form: cos is the
+// cos_sin_cache [max_position, R] (sin unused) and positions [B * S] picks each token's row.
+template <RopeStyle kStyle, bool kFp32Math, bool kCache>
 void run(at::Tensor& q_out, at::Tensor& k_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
-         const at::Tensor& sin, bool copy_pass_through) {
+         const at::Tensor& sin, const at::Tensor* positions, bool copy_pass_through) {
   const at::cuda::OptionalCUDAGuard device_guard(q.device());
   dispatch_float_dtype(q.scalar_type(), "q", [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -80,16 +83,23 @@ void run(at::Tensor& q_out, at::Tensor& k_out, const at::Tensor& q, const at::Te
       p.k_strides = head_strides(k);
       p.cos = static_cast<const table_t*>(cos.const_data_ptr());
       p.sin = static_cast<const table_t*>(sin.const_data_ptr());
-      p.table_b = cos.size(0) == 1 ? 0 : cos.stride(0);
-      p.table_s = cos.stride(1);
+      if constexpr (kCache) {
+        p.positions = positions->const_data_ptr<int64_t>();
+        p.max_position = cos.size(0);
+        p.table_b = 0;
+        p.table_s = cos.stride(0);
+      } else {
+        p.table_b = cos.size(0) == 1 ? 0 : cos.stride(0);
+        p.table_s = cos.stride(1);
+      }
       p.batch = q.size(0);
       p.seq = q.size(1);
       p.num_q_heads = static_cast<int>(q.size(2));
       p.num_k_heads = static_cast<int>(k.size(2));
       p.head_dim = static_cast<int>(q.size(3));
-      p.rotary_dim = static_cast<int>(cos.size(2));
+      p.rotary_dim = static_cast<int>(cos.size(-1));
       p.copy_pass_through = copy_pass_through;
-      const cudaError_t err = rope<kStyle, kFp32Math>(p, at::cuda::getCurrentCUDAStream());
+      const cudaError_t err = rope<kStyle, kFp32Math, kCache>(p, at::cuda::getCurrentCUDAStream());
       TORCH_CHECK(err == cudaSuccess, kOp, ": kernel launch failed: ", cudaGetErrorString(err));
     };
     if (cos.scalar_type() == q.scalar_type()) {
@@ -103,15 +113,65 @@ void run(at::Tensor& q_out, at::Tensor& k_out, const at::Tensor& q, const at::Te
 }
 
 void launch(at::Tensor& q_out, at::Tensor& k_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
-            const at::Tensor& sin, std::string_view style, bool fp32_math, bool copy_pass_through) {
+            const at::Tensor& sin, std::string_view style, bool fp32_math, bool copy_pass_through,
+            const at::Tensor* positions = nullptr) {
   const RopeStyle s = resolve_style(style);
-  if (s == RopeStyle::kNeox) {
-    fp32_math ? run<RopeStyle::kNeox, true>(q_out, k_out, q, k, cos, sin, copy_pass_through)
-              : run<RopeStyle::kNeox, false>(q_out, k_out, q, k, cos, sin, copy_pass_through);
-  } else {
-    fp32_math ? run<RopeStyle::kInterleaved, true>(q_out, k_out, q, k, cos, sin, copy_pass_through)
-              : run<RopeStyle::kInterleaved, false>(q_out, k_out, q, k, cos, sin, copy_pass_through);
+  auto with = [&](auto style_tag, auto fp32_tag, auto cache_tag) {
+    run<decltype(style_tag)::value, decltype(fp32_tag)::value, decltype(cache_tag)::value>(
+        q_out, k_out, q, k, cos, sin, positions, copy_pass_through);
+  };
+  using Neox = std::integral_constant<RopeStyle, RopeStyle::kNeox>;
+  using Interleaved = std::integral_constant<RopeStyle, RopeStyle::kInterleaved>;
+  auto with_fp32 = [&](auto style_tag, auto cache_tag) {
+    fp32_math ? with(style_tag, std::true_type{}, cache_tag) : with(style_tag, std::false_type{}, cache_tag);
+  };
+  auto with_style = [&](auto cache_tag) {
+    s == RopeStyle::kNeox ? with_fp32(Neox{}, cache_tag) : with_fp32(Interleaved{}, cache_tag);
+  };
+  positions != nullptr ? with_style(std::true_type{}) : with_style(std::false_type{});
+}
+
+// The cached form's checks: positions [T] int64; q [T, Hq*d] or [T, Hq, d] and k likewise;
+// cos_sin_cache [max_position, R], R even, R <= d, q's dtype or float32.
+void check_cached(const at::Tensor& positions, const at::Tensor& q, const at::Tensor& k, int64_t head_size,
+                  const at::Tensor& cache) {
+  check_cuda(kOp, q, "query");
+  check_float_dtype(kOp, q, "query");
+  TORCH_CHECK_VALUE(head_size > 0, kOp, ": head_size must be positive, got ", head_size);
+  for (const auto& [t, name] : {std::pair{&q, "query"}, std::pair{&k, "key"}}) {
+    check_same_device(kOp, *t, name, q, "query");
+    check_dtype(kOp, *t, name, q.scalar_type(), "the dtype of query");
+    TORCH_CHECK_VALUE((t->dim() == 2 && t->size(1) % head_size == 0) || (t->dim() == 3 && t->size(2) == head_size),
+                      kOp, ": ", name, " must be [num_tokens, num_heads * head_size] or [num_tokens, num_heads, "
+                      "head_size] with head_size = ", head_size, ", got ", t->sizes());
+    check_last_dim_contiguous(kOp, *t, name);
+    check_writable_output(kOp, *t, name);
   }
+  TORCH_CHECK_VALUE(k.size(0) == q.size(0), kOp, ": key must have query's num_tokens ", q.size(0), ", got ",
+                    k.sizes());
+  check_same_device(kOp, positions, "positions", q, "query");
+  check_dtype(kOp, positions, "positions", at::kLong, "vLLM's token positions");
+  TORCH_CHECK_VALUE(positions.numel() == q.size(0) && positions.is_contiguous(), kOp,
+                    ": positions must be contiguous with one entry per token (", q.size(0), "), got shape ",
+                    positions.sizes(), " and strides ", positions.strides());
+  check_same_device(kOp, cache, "cos_sin_cache", q, "query");
+  TORCH_CHECK_TYPE(cache.scalar_type() == q.scalar_type() || cache.scalar_type() == at::kFloat, kOp,
+                   ": cos_sin_cache must have query's dtype or float32, got ", cache.scalar_type());
+  TORCH_CHECK_VALUE(cache.dim() == 2 && cache.size(1) % 2 == 0 && cache.size(1) <= head_size, kOp,
+                    ": cos_sin_cache must be [max_position, rotary_dim] with rotary_dim even and at most head_size = ",
+                    head_size, ", got ", cache.sizes());
+  check_last_dim_contiguous(kOp, cache, "cos_sin_cache");
+  check_no_overlap(kOp, q, "query", k, "key");  // views of one fused projection pass
+  for (const auto& [t, name] : {std::pair{&q, "query"}, std::pair{&k, "key"}}) {
+    check_no_overlap(kOp, *t, name, cache, "cos_sin_cache");
+    check_no_overlap(kOp, *t, name, positions, "positions");
+  }
+}
+
+// [T, H*d] or [T, H, d] -> the kernel's [1, T, H, d] view.
+at::Tensor tokens_as_bshd(const at::Tensor& t, int64_t head_size) {
+  const at::Tensor heads = t.dim() == 2 ? t.unflatten(1, {t.size(1) / head_size, head_size}) : t;
+  return heads.unsqueeze(0);
 }
 
 }  // namespace
@@ -139,6 +199,17 @@ void rope_(at::Tensor& q, at::Tensor& k, const at::Tensor& cos, const at::Tensor
     check_no_overlap(kOp, k, "k", *t, name);
   }
   launch(q, k, q, k, cos, sin, style, fp32_math, /*copy_pass_through=*/false);
+}
+
+void rope_cached_(const at::Tensor& positions, at::Tensor& query, at::Tensor& key, int64_t head_size,
+                  const at::Tensor& cos_sin_cache, std::string_view style) {
+  check_cached(positions, query, key, head_size, cos_sin_cache);
+  resolve_style(style);
+  at::Tensor q = tokens_as_bshd(query, head_size);
+  at::Tensor k = tokens_as_bshd(key, head_size);
+  // One rounding from fp32 with an fp32 cache; per op (vLLM's scalar_t arithmetic) in q's dtype.
+  const bool fp32_math = cos_sin_cache.scalar_type() == at::kFloat && query.scalar_type() != at::kFloat;
+  launch(q, k, q, k, cos_sin_cache, cos_sin_cache, style, fp32_math, /*copy_pass_through=*/false, &positions);
 }
 
 }  // namespace transformer_kernels

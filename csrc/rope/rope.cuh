@@ -5,6 +5,9 @@
 // (stride 0 over B when shared), R = rotary dims <= d, shared by all heads. Pairs:
 //   kNeox:        (i, i + R/2)   out[i] = x[i] cos[i] - x[i+R/2] sin[i];  out[i+R/2] = x[i+R/2] cos + x[i] sin
 //   kInterleaved: (2i, 2i + 1)   out[2i] = x[2i] cos - x[2i+1] sin;       out[2i+1] = x[2i+1] cos + x[2i] sin
+// Cached form (vLLM's rotary_embedding): the table row of token t is cos_sin_cache[positions[t]],
+// R/2 cosines then R/2 sines, one per pair (kCache). A position outside [0, max_position) makes
+// that token's rotated channels NaN rather than read out of bounds.
 // Channels >= R pass through. Rounding (no FMA: the eager code rounds each op):
 //   fp32_math = false (transformers: cos/sin in x's dtype): round(round(x*cos) + round(rot*sin))
 //   fp32_math = true  (diffusers LTX/Flux: fp32 tables):   round_once(x*cos + rot*sin) in fp32
@@ -36,9 +39,11 @@ struct RopeParams {
   HeadStrides k_out_strides;
   const T* k;  // [B, S, Hk, d]
   HeadStrides k_strides;
-  const table_t* cos;  // [B, S, R]
-  const table_t* sin;  // [B, S, R]
+  const table_t* cos;  // [B, S, R]; cached form: cos_sin_cache [max_position, R]
+  const table_t* sin;  // [B, S, R]; cached form: unused (the sines follow the cosines in each row)
   int64_t table_b, table_s;  // strides of cos and sin (same layout), in elements
+  const int64_t* positions = nullptr;  // [B * S], cached form only
+  int64_t max_position = 0;            // rows of cos_sin_cache, cached form only
   int64_t batch, seq;
   int num_q_heads, num_k_heads;
   int head_dim;
@@ -61,7 +66,7 @@ TK_DEVICE float rotate(float x, float partner_signed, float c, float s) {
 }
 
 // One thread handles kPairs pairs per step; a row is one (token, head) of q or k.
-template <typename T, typename table_t, RopeStyle kStyle, bool kFp32Math, int kPairs>
+template <typename T, typename table_t, RopeStyle kStyle, bool kFp32Math, int kPairs, bool kCache>
 __global__ void rope_kernel(const RopeParams<T, table_t> p) {
   const int threads = 1 << p.log2_threads_per_row;
   const int lane = threadIdx.x & (threads - 1);
@@ -78,46 +83,78 @@ __global__ void rope_kernel(const RopeParams<T, table_t> p) {
   const HeadStrides& out_st = is_q ? p.q_out_strides : p.k_out_strides;
   const T* x = (is_q ? p.q : p.k) + b * in_st.b + s * in_st.s + h * in_st.h;
   T* out = (is_q ? p.q_out : p.k_out) + b * out_st.b + s * out_st.s + h * out_st.h;
-  const table_t* cos = p.cos + b * p.table_b + s * p.table_s;
-  const table_t* sin = p.sin + b * p.table_b + s * p.table_s;
-
   const int num_pairs = p.rotary_dim / 2;
+  const table_t* cos;
+  const table_t* sin;
+  bool position_ok = true;
+  if constexpr (kCache) {
+    const int64_t pos = p.positions[token];
+    position_ok = pos >= 0 && pos < p.max_position;
+    cos = p.cos + (position_ok ? pos : 0) * p.table_s;
+    sin = cos + num_pairs;
+  } else {
+    cos = p.cos + b * p.table_b + s * p.table_s;
+    sin = p.sin + b * p.table_b + s * p.table_s;
+  }
   // Element index of the two halves of pair j.
   auto first = [&](int j) { return kStyle == RopeStyle::kNeox ? j : 2 * j; };
   auto second = [&](int j) { return kStyle == RopeStyle::kNeox ? j + num_pairs : 2 * j + 1; };
 
   for (int j0 = lane * kPairs; j0 < num_pairs; j0 += threads * kPairs) {
     float x1[kPairs], x2[kPairs], c1[kPairs], c2[kPairs], s1[kPairs], s2[kPairs];
-    if constexpr (kPairs == 1) {  // any alignment: element by element
-      x1[0] = to_float(x[first(j0)]), x2[0] = to_float(x[second(j0)]);
-      c1[0] = to_float(cos[first(j0)]), c2[0] = to_float(cos[second(j0)]);
-      s1[0] = to_float(sin[first(j0)]), s2[0] = to_float(sin[second(j0)]);
-    } else if constexpr (kStyle == RopeStyle::kNeox) {
-      vec_t<T, kPairs> a, bv;
-      vec_t<table_t, kPairs> ca, cb, sa, sb;
-      a.load(x + j0);
-      bv.load(x + j0 + num_pairs);
-      ca.load(cos + j0);
-      cb.load(cos + j0 + num_pairs);
-      sa.load(sin + j0);
-      sb.load(sin + j0 + num_pairs);
-      a.cast_to(x1);
-      bv.cast_to(x2);
-      ca.cast_to(c1);
-      cb.cast_to(c2);
-      sa.cast_to(s1);
-      sb.cast_to(s2);
-    } else {
-      vec_t<T, 2 * kPairs> xv;
-      vec_t<table_t, 2 * kPairs> cv, sv;
-      xv.load(x + 2 * j0);
-      cv.load(cos + 2 * j0);
-      sv.load(sin + 2 * j0);
+    if constexpr (kCache) {  // one cosine and one sine per pair, shared by its two elements
+      if constexpr (kPairs == 1) {
+        c1[0] = to_float(cos[j0]), s1[0] = to_float(sin[j0]);
+      } else {
+        vec_t<table_t, kPairs> cv, sv;
+        cv.load(cos + j0);
+        sv.load(sin + j0);
+        cv.cast_to(c1);
+        sv.cast_to(s1);
+      }
 #pragma unroll
       for (int i = 0; i < kPairs; ++i) {
-        x1[i] = to_float(xv[2 * i]), x2[i] = to_float(xv[2 * i + 1]);
-        c1[i] = to_float(cv[2 * i]), c2[i] = to_float(cv[2 * i + 1]);
-        s1[i] = to_float(sv[2 * i]), s2[i] = to_float(sv[2 * i + 1]);
+        if (!position_ok) c1[i] = s1[i] = __int_as_float(0x7fc00000);  // NaN: the position has no row
+        c2[i] = c1[i], s2[i] = s1[i];
+      }
+    }
+    if constexpr (kPairs == 1) {  // any alignment: element by element
+      x1[0] = to_float(x[first(j0)]), x2[0] = to_float(x[second(j0)]);
+      if constexpr (!kCache) {
+        c1[0] = to_float(cos[first(j0)]), c2[0] = to_float(cos[second(j0)]);
+        s1[0] = to_float(sin[first(j0)]), s2[0] = to_float(sin[second(j0)]);
+      }
+    } else if constexpr (kStyle == RopeStyle::kNeox) {
+      vec_t<T, kPairs> a, bv;
+      a.load(x + j0);
+      bv.load(x + j0 + num_pairs);
+      a.cast_to(x1);
+      bv.cast_to(x2);
+      if constexpr (!kCache) {
+        vec_t<table_t, kPairs> ca, cb, sa, sb;
+        ca.load(cos + j0);
+        cb.load(cos + j0 + num_pairs);
+        sa.load(sin + j0);
+        sb.load(sin + j0 + num_pairs);
+        ca.cast_to(c1);
+        cb.cast_to(c2);
+        sa.cast_to(s1);
+        sb.cast_to(s2);
+      }
+    } else {
+      vec_t<T, 2 * kPairs> xv;
+      xv.load(x + 2 * j0);
+#pragma unroll
+      for (int i = 0; i < kPairs; ++i) x1[i] = to_float(xv[2 * i]), x2[i] = to_float(xv[2 * i + 1]);
+      if constexpr (!kCache) {
+        vec_t<table_t, 2 * kPairs> cv, sv;
+        cv.load(cos + 2 * j0);
+        sv.load(sin + 2 * j0);
+#pragma unroll
+        for (int i = 0; i < kPairs; ++i) {
+          c1[i] = to_float(cv[2 * i]), c2[i] = to_float(cv[2 * i + 1]);
+          s1[i] = to_float(sv[2 * i]), s2[i] = to_float(sv[2 * i + 1]);
+        }
       }
     }
     T y1[kPairs], y2[kPairs];
@@ -150,7 +187,7 @@ __global__ void rope_kernel(const RopeParams<T, table_t> p) {
 
 // Host launcher. Vector steps (16 bytes of x per load) when pointers, strides and the rotary
 // width allow, one pair per step otherwise.
-template <RopeStyle kStyle, bool kFp32Math, typename T, typename table_t>
+template <RopeStyle kStyle, bool kFp32Math, bool kCache, typename T, typename table_t>
 cudaError_t rope(RopeParams<T, table_t> p, cudaStream_t stream) {
   const int64_t rows = p.batch * p.seq * (p.num_q_heads + p.num_k_heads);
   if (rows == 0 || p.head_dim == 0) return cudaSuccess;
@@ -170,7 +207,8 @@ cudaError_t rope(RopeParams<T, table_t> p, cudaStream_t stream) {
                             aligned(p.q_out, sizeof(T)) && aligned(p.k_out, sizeof(T)) &&
                             aligned(p.cos, sizeof(table_t)) && aligned(p.sin, sizeof(table_t)) &&
                             strides_ok(p.q_strides) && strides_ok(p.k_strides) && strides_ok(p.q_out_strides) &&
-                            strides_ok(p.k_out_strides) && p.table_b % kVecElems == 0 && p.table_s % kVecElems == 0;
+                            strides_ok(p.k_out_strides) && p.table_b % kVecElems == 0 && p.table_s % kVecElems == 0 &&
+                            (!kCache || num_pairs % kVecElems == 0);  // the sines' offset keeps alignment
   const int pairs_per_step = vectorizable ? kVecPairs : 1;
   // Threads per row: a power of two covering the row's steps (at least one), at most a block.
   const int steps = (num_pairs + pairs_per_step - 1) / pairs_per_step;
@@ -180,10 +218,11 @@ cudaError_t rope(RopeParams<T, table_t> p, cudaStream_t stream) {
   const int64_t rows_per_block = rope_detail::kThreadsPerBlock >> log2;
   const dim3 grid(static_cast<unsigned>((rows + rows_per_block - 1) / rows_per_block));
   if (vectorizable) {
-    rope_detail::rope_kernel<T, table_t, kStyle, kFp32Math, kVecPairs>
+    rope_detail::rope_kernel<T, table_t, kStyle, kFp32Math, kVecPairs, kCache>
         <<<grid, rope_detail::kThreadsPerBlock, 0, stream>>>(p);
   } else {
-    rope_detail::rope_kernel<T, table_t, kStyle, kFp32Math, 1><<<grid, rope_detail::kThreadsPerBlock, 0, stream>>>(p);
+    rope_detail::rope_kernel<T, table_t, kStyle, kFp32Math, 1, kCache>
+        <<<grid, rope_detail::kThreadsPerBlock, 0, stream>>>(p);
   }
   return cudaGetLastError();
 }

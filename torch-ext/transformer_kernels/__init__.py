@@ -24,7 +24,7 @@ from .norm import (
     norm_modulate,
     rms_norm,
 )
-from .rope import apply_rotary_pos_emb, apply_rotary_pos_emb_, flux_rotary_emb, ltx_rotary_emb
+from .rope import apply_rotary_pos_emb, apply_rotary_pos_emb_, flux_rotary_emb, ltx_rotary_emb, rotary_embedding
 
 __all__ = [
     "act_mul",
@@ -46,6 +46,7 @@ __all__ = [
     "norm_modulate",
     "ops",
     "rms_norm",
+    "rotary_embedding",
     "silu",
     "silu_and_mul",
 ]

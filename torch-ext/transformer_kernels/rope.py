@@ -7,6 +7,9 @@ One launch rotates q and k. The forms follow the libraries they replace:
   the model dtype, half rotation (NeoX), each op rounded to the model dtype.
 - ``ltx_rotary_emb``: diffusers' LTX-Video ``apply_rotary_emb`` on q and k ``[B, S, H*d]`` with fp32
   cos/sin ``[B, S, H*d]``: interleaved pairs over the whole hidden, fp32 math, one rounding.
+- ``rotary_embedding``: vLLM's op of the same name and signature, in place: token positions index a
+  ``cos_sin_cache`` ``[max_position, R]`` (R/2 cosines then R/2 sines per row), q ``[T, Hq*d]``,
+  k ``[T, Hk*d]``, R <= d.
 - ``flux_rotary_emb``: diffusers' Flux ``apply_rotary_emb`` (``use_real_unbind_dim=-1``) on q and k
   ``[B, S, H, d]`` with fp32 cos/sin ``[S, d]``: interleaved pairs per head, fp32 math.
 """
@@ -62,8 +65,23 @@ def flux_rotary_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: to
     return _rope(q, k, cos.unsqueeze(0), sin.unsqueeze(0), "interleaved", True)
 
 
+def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, head_size: int,
+                     cos_sin_cache: torch.Tensor, is_neox: bool = True) -> Tuple[torch.Tensor, torch.Tensor]:
+    """vLLM's ``rotary_embedding``, in place on query and key.
+
+    positions ``[T]`` int64 (any order); query ``[T, Hq*head_size]`` or ``[T, Hq, head_size]``, key
+    likewise (views of a fused QKV projection are fine); cos_sin_cache ``[max_position, R]`` with
+    R/2 cosines then R/2 sines per row, in query's dtype (each op rounded, as vLLM computes) or
+    float32 (one rounding). ``is_neox``: half rotation; else GPT-J's interleaved pairs. Channels
+    ``>= R`` are left alone. A position outside ``[0, max_position)`` makes that token's rotated
+    channels NaN. Returns ``(query, key)``."""
+    _rope_cached_(positions, query, key, head_size, cos_sin_cache, "neox" if is_neox else "interleaved")
+    return query, key
+
+
 _rope = ops.rope.default
 _rope_ = ops.rope_.default
+_rope_cached_ = ops.rope_cached_.default
 
 
 @torch.library.register_fake(add_op_namespace_prefix("rope"))
@@ -75,3 +93,9 @@ def _(q, k, cos, sin, style, fp32_math):
 @torch.library.register_fake(add_op_namespace_prefix("rope_"))
 def _(q, k, cos, sin, style, fp32_math):
     torch._check(style in STYLES, lambda: f"rope: style must be one of {STYLES}, got {style!r}")
+
+
+@torch.library.register_fake(add_op_namespace_prefix("rope_cached_"))
+def _(positions, query, key, head_size, cos_sin_cache, style):
+    torch._check(style in STYLES, lambda: f"rope: style must be one of {STYLES}, got {style!r}")
+    return None
