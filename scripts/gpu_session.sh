@@ -6,6 +6,7 @@
 # cap; everything is packed into one archive, OUT_DIR/results.tgz (the device returns at most 8 files).
 #
 #   TESTS_S=150 LLM_S=60 PROFILE_S=150 MICRO_S=200 LTX_S=0 scripts/gpu_session.sh OUT_DIR [bench_micro args]
+#   PYTEST_ARGS="tests/test_rope.py" runs part of the suite (a short confirming run)
 #   AB_FLAGS="-DTK_FUSED_CACHED_VECS=2" AB_OPS="modulate fused_add_rms_norm" ...   adds an A/B stage
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -29,7 +30,7 @@ fi
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv > "$R/gpu.txt"
 stage build "${BUILD_S:-240}" "$PYTHON" tools/build_kernel.py --archs native
 tail -3 "$R/build.log"
-stage tests "${TESTS_S:-150}" "$PYTHON" -m pytest -v --tb=short -p no:cacheprovider --maxfail=200
+stage tests "${TESTS_S:-150}" "$PYTHON" -m pytest -v --tb=short -p no:cacheprovider --maxfail=200 ${PYTEST_ARGS:-}
 grep -v " PASSED" "$R/tests.log" | grep -E "FAILED|ERROR|passed|failed" | tail -40
 stage llm "${LLM_S:-60}" "$PYTHON" benchmarks/bench_llm.py --out "$R"
 stage profile "${PROFILE_S:-150}" "$PYTHON" benchmarks/profile_e2e.py --out "$R"
