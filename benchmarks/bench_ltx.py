@@ -19,6 +19,7 @@ import re
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 from tqdm import tqdm
@@ -39,6 +40,52 @@ def build_transformer(size: str):
     with torch.device("cuda"):  # initialising 2B parameters on the CPU takes longer than the benchmark
         model = LTXVideoTransformer3DModel(**CONFIGS.get(size, {}))
     return model.to(torch.bfloat16).eval()
+
+
+def build_pipeline(transformer, device="cuda", dtype=torch.bfloat16, vae_config: dict | None = None):
+    """LTXPipeline around `transformer` with LTX-Video's VAE built from its config (random weights).
+    The T5 text encoder is left out: nothing can be downloaded (its tokenizer needs a vocabulary) and
+    prompt embeddings are passed directly, so the timing covers denoising and the VAE decode."""
+    from diffusers import AutoencoderKLLTXVideo, FlowMatchEulerDiscreteScheduler, LTXPipeline
+
+    torch.manual_seed(0)
+    with torch.device(device):
+        vae = AutoencoderKLLTXVideo(**(vae_config or {}))
+    return LTXPipeline(scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae.to(dtype).eval(), text_encoder=None,
+                       tokenizer=None, transformer=transformer)
+
+
+def pipeline_call(pipe, args, text_tokens: int = TEXT_TOKENS, text_channels: int = TEXT_CHANNELS) -> Callable:
+    """One full generation (CFG, all steps, VAE decode) from random prompt embeddings."""
+    device, dtype = pipe.transformer.device, pipe.transformer.dtype
+    g = torch.Generator(device=device).manual_seed(0)
+    embeds = torch.randn(args.batch_size, text_tokens, text_channels, generator=g, device=device, dtype=dtype)
+    mask = torch.ones(args.batch_size, text_tokens, device=device, dtype=dtype)
+    return lambda: pipe(prompt_embeds=embeds, prompt_attention_mask=mask, negative_prompt_embeds=torch.zeros_like(embeds),
+                        negative_prompt_attention_mask=mask, num_frames=args.num_frames, height=args.height,
+                        width=args.width, num_inference_steps=args.steps, output_type="pt").frames
+
+
+def run_pipeline(args, optimized: bool) -> dict:
+    pipe = build_pipeline(build_transformer(args.model_size))
+    report = None
+    if optimized:
+        from integrations.diffusers_models import inject
+
+        report = str(inject(pipe, load_kernel()))
+    generate = pipeline_call(pipe, args)
+    with torch.no_grad():
+        for _ in range(args.warmup_iterations):
+            generate()
+        torch.cuda.reset_peak_memory_stats()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        generate()
+        torch.cuda.synchronize()
+    total = time.perf_counter() - t0
+    return {"optimized_kernels": optimized, "compile": False, "steps": args.steps, "total_s": total,
+            "step_ms_mean": 1e3 * total / args.steps, "step_ms_median": 1e3 * total / args.steps,
+            "peak_memory_gb": torch.cuda.max_memory_allocated() / 1e9, "injection": report, "pipeline": True}
 
 
 def inputs(args) -> dict:
@@ -112,6 +159,8 @@ def main() -> None:
     p.add_argument("--warmup-iterations", type=int, default=2)
     p.add_argument("--model-size", choices=["2b", "13b"], default="2b")
     p.add_argument("--matrix", action="store_true", help="run eager, ours, compile and ours + compile")
+    p.add_argument("--pipeline", action="store_true",
+                   help="time whole generations (all steps + VAE decode) through LTXPipeline, eager and ours")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = p.parse_args()
     if not torch.cuda.is_available():
@@ -120,9 +169,11 @@ def main() -> None:
 
     configs = [(False, False), (True, False), (False, True), (True, True)] if args.matrix else [
         (args.optimized, args.compile)]
+    if args.pipeline:
+        configs = [(False, False), (True, False)]
     results = []
     for opt, comp in configs:
-        results.append(run_config(args, opt, comp))
+        results.append(run_pipeline(args, opt) if args.pipeline else run_config(args, opt, comp))
         torch._dynamo.reset()
         torch.cuda.empty_cache()  # the model of that configuration is gone with its frame
     env = environment()
@@ -130,7 +181,9 @@ def main() -> None:
     shape = f"{args.model_size}, {args.num_frames} frames {args.height}x{args.width}, batch {2 * args.batch_size}"
     lines = [f"# LTX-Video transformer denoising: {env['gpu']}", "",
              f"torch {env['torch']}, CUDA {env['cuda']}, {env['date']}. {shape}, {args.steps} steps, random "
-             "weights. Wall time per step (synchronized), after warm-up.", "",
+             "weights. " + ("Whole generations through LTXPipeline (all steps with CFG, then the VAE decode; "
+                            "prompt embeddings given), total time divided by the steps." if args.pipeline else
+                            "Wall time per step (synchronized), after warm-up."), "",
              "| kernels | compile | ms / step | vs eager | peak GB |", "|---|---|---|---|---|"]
     for r in results:
         speed = f"{base / r['step_ms_mean']:.2f}×" if base else "—"
@@ -138,7 +191,8 @@ def main() -> None:
                      f"{r['step_ms_mean']:.1f} | {speed} | {r['peak_memory_gb']:.1f} |")
     md = "\n".join(lines) + "\n"
     gpu = re.sub(r"[^a-z0-9]+", "-", env["gpu"].lower()).strip("-")
-    stem = f"ltx-{args.model_size}-{args.num_frames}f-{gpu}-{_dt.date.today().isoformat()}"
+    kind = "ltx-pipeline" if args.pipeline else "ltx"
+    stem = f"{kind}-{args.model_size}-{args.num_frames}f-{gpu}-{_dt.date.today().isoformat()}"
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{stem}.json").write_text(json.dumps({"env": env, "args": {k: str(v) for k, v in vars(args).items()},
                                                        "results": results}, indent=1) + "\n")

@@ -12,3 +12,5 @@ export PYTHONUNBUFFERED=1
 time "$PYTHON" benchmarks/bench_llm.py --out "$RESULTS_DIR"
 time timeout "${LTX_S:-400}" "$PYTHON" benchmarks/bench_ltx.py --matrix --num-frames 49 --height 512 --width 768 \
   --steps 10 --warmup-iterations 1 --out "$RESULTS_DIR"
+time timeout "${PIPELINE_S:-300}" "$PYTHON" benchmarks/bench_ltx.py --pipeline --num-frames 49 --height 512 \
+  --width 768 --steps 10 --warmup-iterations 1 --out "$RESULTS_DIR"

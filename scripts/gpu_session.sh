@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call that does everything a GPU run is for, in order of what matters most when time
 # runs short: build for the GPU present, the whole test suite, the LLM end-to-end benchmark, the
-# end-to-end profiles, the micro-benchmarks (saved after each op), then the LTX end-to-end matrix.
+# end-to-end profiles, the micro-benchmarks (saved after each op), the LTX end-to-end matrix, then
+# whole LTX pipeline generations (VAE decode included).
 # Each stage has a time limit (seconds, 0 skips it) so the call ends inside the device's 10-minute
 # cap; everything is packed into one archive, OUT_DIR/results.tgz (the device returns at most 8 files).
 #
@@ -46,5 +47,7 @@ if [ -n "${AB_FLAGS:-}" ]; then  # A/B of a tuning macro: rebuild with it, bench
 fi
 stage ltx "${LTX_S:-0}" "$PYTHON" benchmarks/bench_ltx.py --matrix --num-frames 49 --height 512 --width 768 \
   --steps 10 --warmup-iterations 1 --out "$R"
+stage ltx_pipeline "${PIPELINE_S:-0}" "$PYTHON" benchmarks/bench_ltx.py --pipeline --num-frames 49 --height 512 \
+  --width 768 --steps 10 --warmup-iterations 1 --out "$R"
 cat "$R"/*.md 2>/dev/null | head -150
 tar -C "$OUT" -czf "$OUT/results.tgz" r && rm -rf "$R"

@@ -189,3 +189,26 @@ def test_sd3_report_and_exact_wiring_on_cpu(tk):
 @pytest.mark.gpu
 def test_sd3_injected_matches_eager_on_gpu(tk):
     assert_injected_matches_eager(small_sd3(torch.bfloat16, "cuda"), sd3_inputs(torch.bfloat16, "cuda"), tk)
+
+
+TINY_LTX_VAE = dict(latent_channels=8, block_out_channels=(8, 8, 8, 8), decoder_block_out_channels=(8, 8, 8, 8),
+                    layers_per_block=(1, 1, 1, 1, 1), decoder_layers_per_block=(1, 1, 1, 1, 1))
+
+
+def test_pipeline_benchmark_wiring_and_exact_injection_on_cpu():
+    """bench_ltx --pipeline: LTXPipeline around the transformer with a VAE from its config, driven by
+    prompt embeddings; injected into every component (with the eager stand-ins) it gives the same video."""
+    from benchmarks.bench_ltx import build_pipeline, pipeline_call
+
+    args = SimpleNamespace(batch_size=1, num_frames=9, height=64, width=64, steps=2)
+
+    def video(inject_eager: bool):
+        pipe = build_pipeline(small_ltx(), device="cpu", dtype=torch.float32, vae_config=TINY_LTX_VAE)
+        if inject_eager:
+            report = inject(pipe, EAGER_TK)
+            assert report.replaced["ltx_block"] == 2 and report.replaced.get("rms_norm", 0) > 0  # VAE norms too
+        return pipeline_call(pipe, args, text_tokens=5, text_channels=32)()
+
+    expected = video(False)
+    assert expected.shape == (1, 9, 3, 64, 64) and expected.isfinite().all()
+    torch.testing.assert_close(video(True), expected, rtol=0, atol=0)
