@@ -248,6 +248,18 @@ def rope_cases(tk, quick: bool) -> Iterator[Case]:
                               lambda q, k, c, s: (diffusers_interleaved_rotary(q, c, s),
                                                   diffusers_interleaved_rotary(k, c, s)), (q, k, cos, sin)),
                note="LTX-Video 2B, 49 frames 512x768, CFG batch 2 (fp32 tables are 2/3 of the bytes)")
+    # LTX-Video 2B attention: q/k RMSNorm across heads + the rotation, fused, against the unfused pair
+    wq, wk = (torch.rand(2048, device="cuda").to(torch.bfloat16) + 0.5 for _ in range(2))
+
+    def eager_norm_rope(q, k, c, s):
+        n = lambda x, w: F.rms_norm(x, (x.shape[-1],), w, 1e-6)  # noqa: E731
+        return diffusers_interleaved_rotary(n(q, wq), c, s), diffusers_interleaved_rotary(n(k, wk), c, s)
+
+    impls = with_baselines(lambda: tk.ltx_qk_norm_rope(q, k, wq, wk, 1e-6, cos, sin), eager_norm_rope, (q, k, cos, sin))
+    impls["ours unfused"] = lambda: tk.ltx_rotary_emb(tk.rms_norm(q, wq, 1e-6, rounding="torch"),
+                                                      tk.rms_norm(k, wk, 1e-6, rounding="torch"), cos, sin)
+    yield Case("qk_norm_rope (ltx)", "2x8064x2048", "bfloat16", 2 * nbytes(q, k) + nbytes(cos, sin), impls,
+               note="LTX-Video 2B self-attention: norm_q, norm_k and apply_rotary_emb")
     # Flux: q, k [1, 4608, 24, 128], fp32 tables [4608, 128]
     q, k = torch.randn(1, 4608, 24, 128, **bf16), torch.randn(1, 4608, 24, 128, **bf16)
     angles = torch.rand(4608, 64, device="cuda") * 100

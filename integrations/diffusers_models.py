@@ -167,9 +167,18 @@ class FluxAttnProcessor:
         return hidden_states
 
 
+def _fused_qk_norm_eps(norm_q: torch.nn.RMSNorm, norm_k: torch.nn.RMSNorm) -> float | None:
+    """The eps the fused q/k norm + RoPE kernel uses, or None when the two norms cannot share one
+    launch (no weight, or different eps). ``eps=None`` is ATen's fp32 epsilon, as in F.rms_norm."""
+    if norm_q.weight is None or norm_k.weight is None or norm_q.eps != norm_k.eps:
+        return None
+    return norm_q.eps if norm_q.eps is not None else torch.finfo(torch.float32).eps
+
+
 class LTXAttnProcessor:
     """``LTXVideoAttnProcessor`` with our q/k RMSNorm (``torch.nn.RMSNorm`` across heads) and the
-    LTX rotary embedding of q and k in one launch. Same positional signature as the original."""
+    LTX rotary embedding: in self-attention one launch for both norms and the rotation of q and k,
+    otherwise the norms, then the rotation. Same positional signature as the original."""
 
     _attention_backend = None
     _parallel_config = None
@@ -191,10 +200,16 @@ class LTXAttnProcessor:
         query = attn.to_q(hidden_states)
         key = attn.to_k(encoder_hidden_states)
         value = attn.to_v(encoder_hidden_states)
-        query = self._qk_norm(attn.norm_q, query)
-        key = self._qk_norm(attn.norm_k, key)
-        if image_rotary_emb is not None:
-            query, key = self.tk.ltx_rotary_emb(query, key, *image_rotary_emb)
+        eps = _fused_qk_norm_eps(attn.norm_q, attn.norm_k)
+        if image_rotary_emb is not None and eps is not None and query.shape[1] == key.shape[1]:
+            # self-attention: both norms and the rotation in one launch
+            query, key = self.tk.ltx_qk_norm_rope(query, key, attn.norm_q.weight, attn.norm_k.weight, eps,
+                                                  *image_rotary_emb)
+        else:
+            query = self._qk_norm(attn.norm_q, query)
+            key = self._qk_norm(attn.norm_k, key)
+            if image_rotary_emb is not None:
+                query, key = self.tk.ltx_rotary_emb(query, key, *image_rotary_emb)
 
         query = query.unflatten(2, (attn.heads, -1))
         key = key.unflatten(2, (attn.heads, -1))

@@ -28,6 +28,9 @@ EAGER_TK = SimpleNamespace(
     gelu=lambda x, approximate="none": eager_activation(x, "gelu" if approximate == "none" else "gelu_tanh"),
     ltx_rotary_emb=lambda q, k, cos, sin: (diffusers_interleaved_rotary(q, cos, sin),
                                            diffusers_interleaved_rotary(k, cos, sin)),
+    ltx_qk_norm_rope=lambda q, k, wq, wk, eps, cos, sin: (
+        diffusers_interleaved_rotary(torch.nn.functional.rms_norm(q, (q.shape[-1],), wq, eps), cos, sin),
+        diffusers_interleaved_rotary(torch.nn.functional.rms_norm(k, (k.shape[-1],), wk, eps), cos, sin)),
     flux_rotary_emb=lambda q, k, cos, sin: (diffusers_interleaved_rotary(q, cos[None, :, None], sin[None, :, None]),
                                             diffusers_interleaved_rotary(k, cos[None, :, None], sin[None, :, None])),
 )

@@ -198,6 +198,70 @@ def test_vllm_rotary_embedding_opcheck_and_compile(tk):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
+def eager_qk_norm_rope(x, weight, eps, cos, sin):
+    """What LTX-Video's and Flux's attention do: torch.nn.RMSNorm, then diffusers' apply_rotary_emb."""
+    return diffusers_interleaved_rotary(torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, eps), cos, sin)
+
+
+def check_qk_norm_rope(ours, x, weight, eps, cos, sin):
+    """float64 bound (the norm's rounding, then one rounding of the rotation) and eager parity."""
+    n64 = torch.nn.functional.rms_norm(x.double(), (x.shape[-1],), weight.double(), eps)
+    ref = rotary_float64(n64, cos, sin, "interleaved")
+    mag = rope_magnitude(n64.to(x.dtype), cos, sin, "interleaved")
+    assert_within(ours, ref, mag, 3, "qk_norm_rope vs float64")
+    assert_matches_eager(ours, eager_qk_norm_rope(x, weight, eps, cos, sin), mag, 2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("weight_fp32", [False, True], ids=["w_model_dtype", "w_fp32"])
+@pytest.mark.parametrize("C", [2048, 4096, 96, 32768])
+@pytest.mark.parametrize("shared_tables", [False, True])
+def test_ltx_qk_norm_rope(tk, dtype, weight_fp32, C, shared_tables):
+    B, S, eps = 2, 19, 1e-6
+    if dtype == torch.float32:
+        C = min(C, 16384)  # the widest row kept in registers: 4096 vectors of 4 floats
+    qkv = random_input((B, S, 3 * C), dtype)
+    q, k = qkv[..., :C], qkv[..., C: 2 * C]  # views of the fused projection
+    wq, wk = (torch.rand(C, device="cuda") + 0.5 for _ in range(2))
+    if not weight_fp32:
+        wq, wk = wq.to(dtype), wk.to(dtype)
+    cos, sin = ltx_cos_sin(1 if shared_tables else B, S, C)
+    q_out, k_out = tk.ltx_qk_norm_rope(q, k, wq, wk, eps, cos, sin)
+    assert q_out.shape == q.shape and k_out.shape == k.shape
+    check_qk_norm_rope(q_out, q, wq, eps, cos, sin)
+    check_qk_norm_rope(k_out, k, wk, eps, cos, sin)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("offset", [0, 2], ids=["aligned", "pair_aligned"])  # 2: the one-pair-per-vector path
+def test_flux_qk_norm_rope(tk, dtype, d, offset):
+    B, S, H, eps = 2, 23, 3, 1e-6
+    qkv = random_input((B, S, offset + 3 * H * d), dtype)[..., offset:]
+    q = qkv[..., : H * d].unflatten(-1, (H, d))
+    k = qkv[..., H * d: 2 * H * d].unflatten(-1, (H, d))
+    wq, wk = ((torch.rand(d, device="cuda") + 0.5).to(dtype) for _ in range(2))
+    angles = torch.rand(S, d // 2, device="cuda") * 100
+    cos, sin = angles.cos().repeat_interleave(2, -1), angles.sin().repeat_interleave(2, -1)
+    q_out, k_out = tk.flux_qk_norm_rope(q, k, wq, wk, eps, cos, sin)
+    check_qk_norm_rope(q_out, q, wq, eps, cos[None, :, None], sin[None, :, None])
+    check_qk_norm_rope(k_out, k, wk, eps, cos[None, :, None], sin[None, :, None])
+
+
+def test_qk_norm_rope_empty_opcheck_and_compile(tk):
+    q = torch.empty(2, 0, 1, 256, device="cuda", dtype=torch.bfloat16)
+    w = torch.ones(256, device="cuda", dtype=torch.bfloat16)
+    t = torch.empty(2, 0, 256, device="cuda")
+    assert tk.ops.qk_norm_rope(q, q, w, w, 1e-6, t, t)[0].shape == q.shape
+    q, k = random_input((2, 8, 1, 256), torch.bfloat16), random_input((2, 8, 1, 256), torch.bfloat16)
+    cos, sin = ltx_cos_sin(2, 8, 256)
+    torch.library.opcheck(tk.ops.qk_norm_rope.default, (q, k, w, w, 1e-6, cos, sin))
+    torch._dynamo.reset()
+    f = torch.compile(lambda q, k: tk.ltx_qk_norm_rope(q, k, w, w, 1e-6, cos, sin), fullgraph=True)
+    for a, b in zip(f(q[:, :, 0], k[:, :, 0]), tk.ltx_qk_norm_rope(q[:, :, 0], k[:, :, 0], w, w, 1e-6, cos, sin)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
 def _bf(*shape):
     return torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
 
@@ -242,6 +306,26 @@ BAD = {
     "vllm_cache_fp16": (lambda t: t.rotary_embedding(torch.zeros(4, dtype=torch.long, device="cuda"),
                                                      _bf(4, 128), _bf(4, 64), 64, _bf(32, 64).half()),
                         TypeError, "cos_sin_cache must have"),
+    "qk_norm_rope_odd_width": (lambda t: t.ops.qk_norm_rope(_bf(1, 4, 1, 63), _bf(1, 4, 1, 63), _bf(63), _bf(63),
+                                                            1e-6, _bf(1, 4, 63).float(), _bf(1, 4, 63).float()),
+                               ValueError, "must be even"),
+    "qk_norm_rope_bf16_tables": (lambda t: t.ltx_qk_norm_rope(_bf(1, 4, 64), _bf(1, 4, 64), _bf(64), _bf(64), 1e-6,
+                                                              _bf(1, 4, 64), _bf(1, 4, 64)),
+                                 TypeError, "cos must have dtype"),
+    "qk_norm_rope_weight_size": (lambda t: t.ltx_qk_norm_rope(_bf(1, 4, 64), _bf(1, 4, 64), _bf(32), _bf(64), 1e-6,
+                                                              _bf(1, 4, 64).float(), _bf(1, 4, 64).float()),
+                                 ValueError, "q_weight must be a contiguous"),
+    "qk_norm_rope_too_wide": (lambda t: t.ltx_qk_norm_rope(_bf(1, 1, 32770), _bf(1, 1, 32770), _bf(32770),
+                                                           _bf(32770), 1e-6, _bf(1, 1, 32770).float(),
+                                                           _bf(1, 1, 32770).float()),
+                              ValueError, "rows of more than 32768 elements"),
+    "qk_norm_rope_odd_offset": (lambda t: (lambda x: t.ltx_qk_norm_rope(x[..., 1:65], x[..., 65:129], _bf(64),
+                                                                        _bf(64), 1e-6, _bf(1, 4, 64).float(),
+                                                                        _bf(1, 4, 64).float()))(_bf(1, 4, 130)),
+                                ValueError, "even element offsets"),
+    "qk_norm_rope_eps": (lambda t: t.ltx_qk_norm_rope(_bf(1, 4, 64), _bf(1, 4, 64), _bf(64), _bf(64), -1.0,
+                                                      _bf(1, 4, 64).float(), _bf(1, 4, 64).float()),
+                         ValueError, "eps must be"),
     "cpu": (lambda t: t.apply_rotary_pos_emb(torch.randn(1, 2, 4, 64), torch.randn(1, 2, 4, 64),
                                              torch.randn(1, 4, 64), torch.randn(1, 4, 64)), ValueError,
             "q must be a CUDA tensor"),

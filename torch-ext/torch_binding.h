@@ -69,6 +69,11 @@ void rope_(torch::Tensor& q, torch::Tensor& k, const torch::Tensor& cos, const t
            std::string_view style, bool fp32_math);
 // vLLM's rotary_embedding, in place: positions [T] int64; query [T, Hq*d] or [T, Hq, d], key likewise;
 // cos_sin_cache [max_position, R] (R/2 cosines then R/2 sines per row), query's dtype or float32
+// RMSNorm then interleaved RoPE of q [B, S, Gq, L] and k [B, S, Gk, L]; weights [L] (q's dtype or
+// float32); cos, sin float32 [B or 1, S, L]; returns new (q, k)
+std::tuple<torch::Tensor, torch::Tensor> qk_norm_rope(const torch::Tensor& q, const torch::Tensor& k,
+                                                      const torch::Tensor& q_weight, const torch::Tensor& k_weight,
+                                                      double eps, const torch::Tensor& cos, const torch::Tensor& sin);
 void rope_cached_(const torch::Tensor& positions, torch::Tensor& query, torch::Tensor& key, int64_t head_size,
                   const torch::Tensor& cos_sin_cache, std::string_view style);
 

@@ -10,6 +10,7 @@
 
 #include "common/checks.h"
 #include "common/dispatch.h"
+#include "rope/qk_norm_rope.cuh"
 #include "rope/rope.cuh"
 
 namespace transformer_kernels {
@@ -210,6 +211,102 @@ void rope_cached_(const at::Tensor& positions, at::Tensor& query, at::Tensor& ke
   // One rounding from fp32 with an fp32 cache; per op (vLLM's scalar_t arithmetic) in q's dtype.
   const bool fp32_math = cos_sin_cache.scalar_type() == at::kFloat && query.scalar_type() != at::kFloat;
   launch(q, k, q, k, cos_sin_cache, cos_sin_cache, style, fp32_math, /*copy_pass_through=*/false, &positions);
+}
+
+namespace {
+
+constexpr const char* kNormRopeOp = "qk_norm_rope";
+
+// q [B, S, Gq, L], k [B, S, Gk, L]; weights [L]; cos, sin fp32 [B or 1, S, L].
+void check_qk_norm_rope(const at::Tensor& q, const at::Tensor& k, const at::Tensor& q_weight,
+                        const at::Tensor& k_weight, double eps, const at::Tensor& cos, const at::Tensor& sin) {
+  const char* op = kNormRopeOp;
+  check_cuda(op, q, "q");
+  check_float_dtype(op, q, "q");
+  TORCH_CHECK_VALUE(q.dim() == 4, op, ": q must be 4-D [B, S, groups, width], got shape ", q.sizes());
+  check_last_dim_contiguous(op, q, "q");
+  check_same_device(op, k, "k", q, "q");
+  check_dtype(op, k, "k", q.scalar_type(), "the dtype of q");
+  TORCH_CHECK_VALUE(k.dim() == 4 && k.size(0) == q.size(0) && k.size(1) == q.size(1) && k.size(3) == q.size(3), op,
+                    ": k must be [B, S, groups, width] with q's B, S and width ", q.sizes(), ", got ", k.sizes());
+  check_last_dim_contiguous(op, k, "k");
+  const int64_t width = q.size(3);
+  TORCH_CHECK_VALUE(width % 2 == 0, op, ": the normalized width (q.shape[-1] = ", width,
+                    ") must be even: RoPE rotates pairs");
+  for (const auto& [w, name] : {std::pair{&q_weight, "q_weight"}, std::pair{&k_weight, "k_weight"}}) {
+    check_same_device(op, *w, name, q, "q");
+    TORCH_CHECK_TYPE(w->scalar_type() == q.scalar_type() || w->scalar_type() == at::kFloat, op, ": ", name,
+                     " must have q's dtype or float32, got ", w->scalar_type());
+    TORCH_CHECK_VALUE(w->dim() == 1 && w->size(0) == width && w->is_contiguous(), op, ": ", name,
+                      " must be a contiguous [", width, "], got shape ", w->sizes(), " and strides ", w->strides());
+  }
+  TORCH_CHECK_TYPE(q_weight.scalar_type() == k_weight.scalar_type(), op,
+                   ": q_weight and k_weight must have the same dtype, got ", q_weight.scalar_type(), " and ",
+                   k_weight.scalar_type());
+  check_eps(op, eps);
+  for (const auto& [t, name] : {std::pair{&cos, "cos"}, std::pair{&sin, "sin"}}) {
+    check_same_device(op, *t, name, q, "q");
+    check_dtype(op, *t, name, at::kFloat, "diffusers computes the rotary tables in float32");
+    TORCH_CHECK_VALUE(t->dim() == 3 && (t->size(0) == 1 || t->size(0) == q.size(0)) && t->size(1) == q.size(1) &&
+                          t->size(2) == width,
+                      op, ": ", name, " must be [B or 1, S, width] with q's B = ", q.size(0), ", S = ", q.size(1),
+                      " and width = ", width, ", got ", t->sizes());
+    check_last_dim_contiguous(op, *t, name);
+  }
+  TORCH_CHECK_VALUE(cos.stride(0) == sin.stride(0) && cos.stride(1) == sin.stride(1), op,
+                    ": cos and sin must have the same strides, got ", cos.strides(), " and ", sin.strides());
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> qk_norm_rope(const at::Tensor& q, const at::Tensor& k, const at::Tensor& q_weight,
+                                                const at::Tensor& k_weight, double eps, const at::Tensor& cos,
+                                                const at::Tensor& sin) {
+  check_qk_norm_rope(q, k, q_weight, k_weight, eps, cos, sin);
+  at::Tensor q_out = at::empty(q.sizes(), q.options());
+  at::Tensor k_out = at::empty(k.sizes(), k.options());
+  const at::cuda::OptionalCUDAGuard device_guard(q.device());
+  dispatch_float_dtype(q.scalar_type(), "q", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    auto go = [&](auto weight_tag) {
+      using W = typename decltype(weight_tag)::type;
+      TORCH_CHECK_VALUE(q.size(3) <= qk_norm_rope_max_width<T>(), kNormRopeOp, ": rows of more than ",
+                        qk_norm_rope_max_width<T>(), " elements are not supported (the whole row is kept in "
+                        "registers), got width ", q.size(3));
+      QkNormRopeParams<T, W> p;
+      p.q_out = static_cast<T*>(q_out.data_ptr());
+      p.q_out_strides = head_strides(q_out);
+      p.q = static_cast<const T*>(q.const_data_ptr());
+      p.q_strides = head_strides(q);
+      p.k_out = static_cast<T*>(k_out.data_ptr());
+      p.k_out_strides = head_strides(k_out);
+      p.k = static_cast<const T*>(k.const_data_ptr());
+      p.k_strides = head_strides(k);
+      p.q_weight = static_cast<const W*>(q_weight.const_data_ptr());
+      p.k_weight = static_cast<const W*>(k_weight.const_data_ptr());
+      p.cos = cos.const_data_ptr<float>();
+      p.sin = sin.const_data_ptr<float>();
+      p.table_b = cos.size(0) == 1 ? 0 : cos.stride(0);
+      p.table_s = cos.stride(1);
+      p.batch = q.size(0);
+      p.seq = q.size(1);
+      p.num_q_groups = static_cast<int>(q.size(2));
+      p.num_k_groups = static_cast<int>(k.size(2));
+      p.width = static_cast<int>(q.size(3));
+      p.eps = static_cast<float>(eps);
+      TORCH_CHECK_VALUE(p.batch * p.seq == 0 || qk_norm_rope_aligned(p, 2), kNormRopeOp,
+                        ": q, k, cos, sin and the weights must start at even element offsets with even strides "
+                        "(whole pairs), got q strides ", q.strides(), " and k strides ", k.strides());
+      const cudaError_t err = transformer_kernels::qk_norm_rope(p, at::cuda::getCurrentCUDAStream());
+      TORCH_CHECK(err == cudaSuccess, kNormRopeOp, ": kernel launch failed: ", cudaGetErrorString(err));
+    };
+    if (q_weight.scalar_type() == at::kFloat) {
+      go(type_tag<float>{});
+    } else {
+      go(tag);
+    }
+  });
+  return {q_out, k_out};
 }
 
 }  // namespace transformer_kernels

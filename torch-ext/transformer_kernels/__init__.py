@@ -24,13 +24,22 @@ from .norm import (
     norm_modulate,
     rms_norm,
 )
-from .rope import apply_rotary_pos_emb, apply_rotary_pos_emb_, flux_rotary_emb, ltx_rotary_emb, rotary_embedding
+from .rope import (
+    apply_rotary_pos_emb,
+    apply_rotary_pos_emb_,
+    flux_qk_norm_rope,
+    flux_rotary_emb,
+    ltx_qk_norm_rope,
+    ltx_rotary_emb,
+    rotary_embedding,
+)
 
 __all__ = [
     "act_mul",
     "add_op_namespace_prefix",
     "apply_rotary_pos_emb",
     "apply_rotary_pos_emb_",
+    "flux_qk_norm_rope",
     "flux_rotary_emb",
     "fused_add_rms_norm",
     "fused_add_rms_norm_",
@@ -42,6 +51,7 @@ __all__ = [
     "gelu_tanh_and_mul",
     "layer_norm",
     "layers",
+    "ltx_qk_norm_rope",
     "ltx_rotary_emb",
     "norm_modulate",
     "ops",

@@ -7,6 +7,8 @@ One launch rotates q and k. The forms follow the libraries they replace:
   the model dtype, half rotation (NeoX), each op rounded to the model dtype.
 - ``ltx_rotary_emb``: diffusers' LTX-Video ``apply_rotary_emb`` on q and k ``[B, S, H*d]`` with fp32
   cos/sin ``[B, S, H*d]``: interleaved pairs over the whole hidden, fp32 math, one rounding.
+- ``ltx_qk_norm_rope`` / ``flux_qk_norm_rope``: the attention's q/k ``torch.nn.RMSNorm`` and the
+  rotation above in one pass (q and k in one launch): across all heads for LTX-Video, per head for Flux.
 - ``rotary_embedding``: vLLM's op of the same name and signature, in place: token positions index a
   ``cos_sin_cache`` ``[max_position, R]`` (R/2 cosines then R/2 sines per row), q ``[T, Hq*d]``,
   k ``[T, Hk*d]``, R <= d.
@@ -65,6 +67,22 @@ def flux_rotary_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: to
     return _rope(q, k, cos.unsqueeze(0), sin.unsqueeze(0), "interleaved", True)
 
 
+def ltx_qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float,
+                     cos: torch.Tensor, sin: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """LTX-Video's ``attn.norm_q(q)``, ``attn.norm_k(k)`` (``torch.nn.RMSNorm`` over all heads) and
+    ``apply_rotary_emb`` in one pass. q, k ``[B, S, C]``; weights ``[C]``; fp32 cos/sin ``[B, S, C]``.
+    Returns new tensors."""
+    q_out, k_out = _qk_norm_rope(q.unsqueeze(2), k.unsqueeze(2), q_weight, k_weight, eps, cos, sin)
+    return q_out.squeeze(2), k_out.squeeze(2)
+
+
+def flux_qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float,
+                      cos: torch.Tensor, sin: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Flux's per-head ``norm_q``/``norm_k`` (``torch.nn.RMSNorm`` over d) and ``apply_rotary_emb`` in
+    one pass. q, k ``[B, S, H, d]``; weights ``[d]``; fp32 cos/sin ``[S, d]``. Returns new tensors."""
+    return _qk_norm_rope(q, k, q_weight, k_weight, eps, cos.unsqueeze(0), sin.unsqueeze(0))
+
+
 def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, head_size: int,
                      cos_sin_cache: torch.Tensor, is_neox: bool = True) -> Tuple[torch.Tensor, torch.Tensor]:
     """vLLM's ``rotary_embedding``, in place on query and key.
@@ -82,6 +100,7 @@ def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Te
 _rope = ops.rope.default
 _rope_ = ops.rope_.default
 _rope_cached_ = ops.rope_cached_.default
+_qk_norm_rope = ops.qk_norm_rope.default
 
 
 @torch.library.register_fake(add_op_namespace_prefix("rope"))
@@ -99,3 +118,8 @@ def _(q, k, cos, sin, style, fp32_math):
 def _(positions, query, key, head_size, cos_sin_cache, style):
     torch._check(style in STYLES, lambda: f"rope: style must be one of {STYLES}, got {style!r}")
     return None
+
+
+@torch.library.register_fake(add_op_namespace_prefix("qk_norm_rope"))
+def _(q, k, q_weight, k_weight, eps, cos, sin):
+    return q.new_empty(q.shape), k.new_empty(k.shape)
