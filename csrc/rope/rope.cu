@@ -26,6 +26,19 @@ RopeStyle resolve_style(std::string_view style) {
 
 HeadStrides head_strides(const at::Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
 
+// The q/k inputs and outputs ([B, S, H, d] views) of a launch's parameters (RopeParams, QkNormRopeParams).
+template <typename T, template <typename, typename> class Params, typename table_t>
+void set_qk(Params<T, table_t>& p, at::Tensor& q_out, const at::Tensor& q, at::Tensor& k_out, const at::Tensor& k) {
+  p.q_out = static_cast<T*>(q_out.data_ptr());
+  p.q_out_strides = head_strides(q_out);
+  p.q = static_cast<const T*>(q.const_data_ptr());
+  p.q_strides = head_strides(q);
+  p.k_out = static_cast<T*>(k_out.data_ptr());
+  p.k_out_strides = head_strides(k_out);
+  p.k = static_cast<const T*>(k.const_data_ptr());
+  p.k_strides = head_strides(k);
+}
+
 // q, k: [B, S, H, d]; cos, sin: [B or 1, S, R], R even and <= d.
 void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
                   bool fp32_math) {
@@ -74,14 +87,7 @@ void run(at::Tensor& q_out, at::Tensor& k_out, const at::Tensor& q, const at::Te
     auto go = [&](auto table_tag) {
       using table_t = typename decltype(table_tag)::type;
       RopeParams<T, table_t> p;
-      p.q_out = static_cast<T*>(q_out.data_ptr());
-      p.q_out_strides = head_strides(q_out);
-      p.q = static_cast<const T*>(q.const_data_ptr());
-      p.q_strides = head_strides(q);
-      p.k_out = static_cast<T*>(k_out.data_ptr());
-      p.k_out_strides = head_strides(k_out);
-      p.k = static_cast<const T*>(k.const_data_ptr());
-      p.k_strides = head_strides(k);
+      set_qk(p, q_out, q, k_out, k);
       p.cos = static_cast<const table_t*>(cos.const_data_ptr());
       p.sin = static_cast<const table_t*>(sin.const_data_ptr());
       if constexpr (kCache) {
@@ -274,14 +280,7 @@ std::tuple<at::Tensor, at::Tensor> qk_norm_rope(const at::Tensor& q, const at::T
                         qk_norm_rope_max_width<T>(), " elements are not supported (the whole row is kept in "
                         "registers), got width ", q.size(3));
       QkNormRopeParams<T, W> p;
-      p.q_out = static_cast<T*>(q_out.data_ptr());
-      p.q_out_strides = head_strides(q_out);
-      p.q = static_cast<const T*>(q.const_data_ptr());
-      p.q_strides = head_strides(q);
-      p.k_out = static_cast<T*>(k_out.data_ptr());
-      p.k_out_strides = head_strides(k_out);
-      p.k = static_cast<const T*>(k.const_data_ptr());
-      p.k_strides = head_strides(k);
+      set_qk(p, q_out, q, k_out, k);
       p.q_weight = static_cast<const W*>(q_weight.const_data_ptr());
       p.k_weight = static_cast<const W*>(k_weight.const_data_ptr());
       p.cos = cos.const_data_ptr<float>();
