@@ -143,10 +143,11 @@ cudaError_t launch(const QkNormRopeParams<T, weight_t>& p, cudaStream_t stream) 
 
 }  // namespace qk_norm_rope_detail
 
-// Rows hold at most this many elements of T (the whole row stays in registers).
+// Rows hold at most this many elements of T (the whole row stays in registers): with 16-byte
+// vectors, or with one pair per vector when pointers or strides do not allow 16 bytes.
 template <typename T>
-constexpr int64_t qk_norm_rope_max_width() {
-  return static_cast<int64_t>(qk_norm_rope_detail::kMaxRowVecs) * vec_size<T>();
+constexpr int64_t qk_norm_rope_max_width(bool vectorized) {
+  return static_cast<int64_t>(qk_norm_rope_detail::kMaxRowVecs) * (vectorized ? vec_size<T>() : 2);
 }
 
 // True when every pointer and stride allows vectors of `elems` elements (a multiple of 2).
@@ -165,8 +166,8 @@ bool qk_norm_rope_aligned(const QkNormRopeParams<T, weight_t>& p, int elems) {
 }
 
 // Host launcher: 16-byte vectors when every pointer and stride allows it, else one pair per
-// vector. The caller checks width (even, <= qk_norm_rope_max_width<T>()) and pair alignment
-// (qk_norm_rope_aligned(p, 2)).
+// vector. The caller checks width (even, <= qk_norm_rope_max_width<T>(vectorized)) and pair
+// alignment (qk_norm_rope_aligned(p, 2)).
 template <typename T, typename weight_t>
 cudaError_t qk_norm_rope(const QkNormRopeParams<T, weight_t>& p, cudaStream_t stream) {
   if (p.batch * p.seq == 0 || p.width == 0 || p.num_q_groups + p.num_k_groups == 0) return cudaSuccess;

@@ -276,9 +276,6 @@ std::tuple<at::Tensor, at::Tensor> qk_norm_rope(const at::Tensor& q, const at::T
     using T = typename decltype(tag)::type;
     auto go = [&](auto weight_tag) {
       using W = typename decltype(weight_tag)::type;
-      TORCH_CHECK_VALUE(q.size(3) <= qk_norm_rope_max_width<T>(), kNormRopeOp, ": rows of more than ",
-                        qk_norm_rope_max_width<T>(), " elements are not supported (the whole row is kept in "
-                        "registers), got width ", q.size(3));
       QkNormRopeParams<T, W> p;
       set_qk(p, q_out, q, k_out, k);
       p.q_weight = static_cast<const W*>(q_weight.const_data_ptr());
@@ -296,6 +293,10 @@ std::tuple<at::Tensor, at::Tensor> qk_norm_rope(const at::Tensor& q, const at::T
       TORCH_CHECK_VALUE(p.batch * p.seq == 0 || qk_norm_rope_aligned(p, 2), kNormRopeOp,
                         ": q, k, cos, sin and the weights must start at even element offsets with even strides "
                         "(whole pairs), got q strides ", q.strides(), " and k strides ", k.strides());
+      const int64_t max_width = qk_norm_rope_max_width<T>(qk_norm_rope_aligned(p, vec_size<T>()));
+      TORCH_CHECK_VALUE(q.size(3) <= max_width, kNormRopeOp, ": rows of more than ", max_width,
+                        " elements are not supported here (the whole row is kept in registers; 16-byte aligned "
+                        "rows allow more), got width ", q.size(3));
       const cudaError_t err = transformer_kernels::qk_norm_rope(p, at::cuda::getCurrentCUDAStream());
       TORCH_CHECK(err == cudaSuccess, kNormRopeOp, ": kernel launch failed: ", cudaGetErrorString(err));
     };
