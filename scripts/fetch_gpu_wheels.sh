@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
 python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-  -d .whl kernels==0.17.2 kernel-abi-check==0.14.1
-python3 -m pip download --quiet --no-deps -d .whl liger-kernel==0.8.5 diffusers==0.42.1 importlib_metadata==10.2.0
+  -d .whl kernels==0.17.2 kernel-abi-check==0.14.1 psutil==7.2.2
+python3 -m pip download --quiet --no-deps -d .whl liger-kernel==0.8.5 diffusers==0.42.1 importlib_metadata==10.2.0 \
+  accelerate==1.15.0
 ls .whl

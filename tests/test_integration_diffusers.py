@@ -215,3 +215,39 @@ def test_pipeline_benchmark_wiring_and_exact_injection_on_cpu():
     expected = video(False)
     assert expected.shape == (1, 9, 3, 64, 64) and expected.isfinite().all()
     torch.testing.assert_close(video(True), expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("order", ["inject_then_offload", "offload_then_inject"])
+def test_real_offload_hooks_either_order_on_cpu(order):
+    """With accelerate's offload hooks (what enable_model_cpu_offload installs on each component),
+    injected before or after, generation goes through our forwards and gives the eager video."""
+    accelerate = pytest.importorskip("accelerate")
+    from benchmarks.bench_ltx import build_pipeline, pipeline_call
+
+    args = SimpleNamespace(batch_size=1, num_frames=9, height=64, width=64, steps=2)
+
+    def pipeline():
+        return build_pipeline(small_ltx(), device="cpu", dtype=torch.float32, vae_config=TINY_LTX_VAE)
+
+    def offload(pipe):
+        hook = None
+        for name in ("transformer", "vae"):  # the pipeline's model_cpu_offload_seq, minus the absent text encoder
+            _, hook = accelerate.cpu_offload_with_hook(getattr(pipe, name), "cpu", prev_module_hook=hook)
+
+    expected = pipeline_call(pipeline(), args, text_tokens=5, text_channels=32)()
+    pipe = pipeline()
+    calls = {"fused": 0}
+    stand_in = SimpleNamespace(**vars(EAGER_TK))
+    stand_in.gated_add_norm_modulate = lambda *a, **k: (calls.__setitem__("fused", calls["fused"] + 1),
+                                                        EAGER_TK.gated_add_norm_modulate(*a, **k))[1]
+    if order == "inject_then_offload":
+        inject(pipe, stand_in)
+        offload(pipe)
+    else:
+        offload(pipe)
+        assert hasattr(pipe.transformer, "_hf_hook")
+        inject(pipe, stand_in)
+    video = pipeline_call(pipe, args, text_tokens=5, text_channels=32)()
+    assert calls["fused"] > 0  # our block forward ran under the hooks
+    assert hasattr(pipe.transformer, "_hf_hook")  # and the hooks are still there
+    torch.testing.assert_close(video, expected, rtol=0, atol=0)
