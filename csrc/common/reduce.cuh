@@ -60,4 +60,25 @@ TK_DEVICE unsigned row_group_mask(int64_t warp_first_row, int64_t num_rows) {
   }
 }
 
+// Where this thread works when rows are handled by aligned groups of kThreadsPerRow lanes, several
+// rows per block (kThreadsPerRow <= 32), or by a whole block each (kThreadsPerRow == 0).
+template <int kThreadsPerRow>
+struct RowGroup {
+  int lane;       // this thread's index among its row's threads
+  int threads;    // threads per row
+  int64_t row;    // may be >= num_rows: the group then has no row and must leave
+  unsigned mask;  // lanes of this warp whose groups have a row: what row_reduce_sum may name
+
+  TK_DEVICE explicit RowGroup(int64_t num_rows) {
+    const int groups_per_block = kThreadsPerRow == 0 ? 1 : blockDim.x / kThreadsPerRow;
+    lane = kThreadsPerRow == 0 ? threadIdx.x : threadIdx.x % kThreadsPerRow;
+    threads = kThreadsPerRow == 0 ? blockDim.x : kThreadsPerRow;
+    const int64_t block_first_row = static_cast<int64_t>(blockIdx.x) * groups_per_block;
+    row = kThreadsPerRow == 0 ? block_first_row : block_first_row + threadIdx.x / kThreadsPerRow;
+    mask = row_group_mask<kThreadsPerRow>(
+        block_first_row + (threadIdx.x / kWarpSize) * (kWarpSize / (kThreadsPerRow == 0 ? kWarpSize : threads)),
+        num_rows);
+  }
+};
+
 }  // namespace transformer_kernels

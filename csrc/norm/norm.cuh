@@ -90,14 +90,10 @@ template <typename T, typename weight_t, typename out_t, NormType kNorm, PreAdd 
 __global__ void norm_kernel(const NormParams<T, weight_t, out_t> p) {
   using vec = vec_t<T, kVec>;
   constexpr int kCachedVecs = cached_vecs<kThreadsPerRow, kPre != PreAdd::kNone || kMod>();
-  const int groups_per_block = kThreadsPerRow == 0 ? 1 : blockDim.x / kThreadsPerRow;
-  const int lane = kThreadsPerRow == 0 ? threadIdx.x : threadIdx.x % kThreadsPerRow;
-  const int threads = kThreadsPerRow == 0 ? blockDim.x : kThreadsPerRow;
-  const int64_t block_first_row = static_cast<int64_t>(blockIdx.x) * groups_per_block;
-  const int64_t row = kThreadsPerRow == 0 ? block_first_row : block_first_row + threadIdx.x / kThreadsPerRow;
-  const unsigned lanes_with_rows = row_group_mask<kThreadsPerRow>(
-      block_first_row + (threadIdx.x / kWarpSize) * (kWarpSize / (kThreadsPerRow == 0 ? kWarpSize : threads)),
-      p.num_rows);
+  const RowGroup<kThreadsPerRow> group(p.num_rows);
+  const int lane = group.lane, threads = group.threads;
+  const int64_t row = group.row;
+  const unsigned lanes_with_rows = group.mask;
   // Whole row groups leave together (a block in block mode); shuffles then name only the lanes
   // of groups that have a row.
   if (row >= p.num_rows) return;

@@ -2,8 +2,8 @@
 // LTX-Video's attention (norm across all heads, [B, S, H*d]) and Flux's (norm per head,
 // [B, S, H, d]). Torch-free: the kernel, its launch heuristics and a host launcher.
 //
-// q, k are addressed as [B, S, G, L] (G norm groups of width L: G = 1 for LTX, G = heads for Flux;
-// any strides, last dim contiguous); weights [L]; cos, sin fp32 [B or 1, S, L]. Per row:
+// q, k are addressed as [B, S, G, L] (QkRows; G norm groups of width L: G = 1 for LTX, G = heads
+// for Flux); weights [L]; cos, sin fp32 [B or 1, S, L]. Per row:
 //   n   = round(x * rsqrt(mean(x^2) + eps) * w)        (torch.nn.RMSNorm: fp32 math, one rounding)
 //   out = round(n * cos + rotate(n) * sin)              (diffusers' apply_rotary_emb: fp32, one rounding)
 // with rotate(n)[2i] = -n[2i+1], rotate(n)[2i+1] = n[2i]. A row is held in registers between the
@@ -23,21 +23,12 @@ namespace transformer_kernels {
 
 template <typename T, typename weight_t>
 struct QkNormRopeParams {
-  T* q_out;  // [B, S, Gq, L]
-  HeadStrides q_out_strides;
-  const T* q;  // [B, S, Gq, L]
-  HeadStrides q_strides;
-  T* k_out;  // [B, S, Gk, L]
-  HeadStrides k_out_strides;
-  const T* k;  // [B, S, Gk, L]
-  HeadStrides k_strides;
+  QkRows<T> qk;              // rows of width L: the norm groups of q, then of k
   const weight_t* q_weight;  // [L] contiguous
   const weight_t* k_weight;  // [L] contiguous
   const float* cos;          // [B or 1, S, L]
   const float* sin;          // [B or 1, S, L]
   int64_t table_b, table_s;  // strides of cos and sin (same layout), in elements; table_b 0 when shared
-  int64_t batch, seq;
-  int num_q_groups, num_k_groups;
   int width;  // L, even
   float eps;
 };
@@ -55,28 +46,18 @@ constexpr int kMaxRowVecs = kMaxThreads * kCachedVecs;
 template <typename T, typename weight_t, int kVec, int kThreadsPerRow>
 __global__ void qk_norm_rope_kernel(const QkNormRopeParams<T, weight_t> p) {
   using vec = vec_t<T, kVec>;
-  const int groups_per_block = kThreadsPerRow == 0 ? 1 : blockDim.x / kThreadsPerRow;
-  const int lane = kThreadsPerRow == 0 ? threadIdx.x : threadIdx.x % kThreadsPerRow;
-  const int threads = kThreadsPerRow == 0 ? blockDim.x : kThreadsPerRow;
-  const int64_t block_first_row = static_cast<int64_t>(blockIdx.x) * groups_per_block;
-  const int64_t row = kThreadsPerRow == 0 ? block_first_row : block_first_row + threadIdx.x / kThreadsPerRow;
-  const int rows_per_token = p.num_q_groups + p.num_k_groups;
-  const int64_t num_rows = p.batch * p.seq * rows_per_token;
-  const unsigned lanes_with_rows = row_group_mask<kThreadsPerRow>(
-      block_first_row + (threadIdx.x / kWarpSize) * (kWarpSize / (kThreadsPerRow == 0 ? kWarpSize : threads)),
-      num_rows);
+  const int64_t num_rows = p.qk.num_rows();
+  const RowGroup<kThreadsPerRow> group(num_rows);
+  const int lane = group.lane, threads = group.threads;
+  const int64_t row = group.row;
+  const unsigned lanes_with_rows = group.mask;
   if (row >= num_rows) return;
 
-  const int group = static_cast<int>(row % rows_per_token);
-  const int64_t token = row / rows_per_token;
-  const int64_t b = token / p.seq, s = token % p.seq;
-  const bool is_q = group < p.num_q_groups;
-  const int g = is_q ? group : group - p.num_q_groups;
-  const HeadStrides& in_st = is_q ? p.q_strides : p.k_strides;
-  const HeadStrides& out_st = is_q ? p.q_out_strides : p.k_out_strides;
-  const T* x = (is_q ? p.q : p.k) + b * in_st.b + s * in_st.s + g * in_st.h;
-  T* out = (is_q ? p.q_out : p.k_out) + b * out_st.b + s * out_st.s + g * out_st.h;
-  const weight_t* weight = is_q ? p.q_weight : p.k_weight;
+  int64_t b, s;
+  const T* x;
+  T* out;
+  p.qk.locate(row, b, s, x, out);
+  const weight_t* weight = row % p.qk.heads() < p.qk.num_q_heads ? p.q_weight : p.k_weight;
   const float* cos = p.cos + b * p.table_b + s * p.table_s;
   const float* sin = p.sin + b * p.table_b + s * p.table_s;
   const int num_vecs = p.width / kVec;
@@ -122,7 +103,7 @@ __global__ void qk_norm_rope_kernel(const QkNormRopeParams<T, weight_t> p) {
 
 template <typename T, typename weight_t, int kVec>
 cudaError_t launch(const QkNormRopeParams<T, weight_t>& p, cudaStream_t stream) {
-  const int64_t rows = p.batch * p.seq * (p.num_q_groups + p.num_k_groups);
+  const int64_t rows = p.qk.num_rows();
   const int num_vecs = p.width / kVec;
   auto grid_for = [&](int rows_per_block) {
     return dim3(static_cast<unsigned>((rows + rows_per_block - 1) / rows_per_block));
@@ -150,29 +131,22 @@ constexpr int64_t qk_norm_rope_max_width(bool vectorized) {
   return static_cast<int64_t>(qk_norm_rope_detail::kMaxRowVecs) * (vectorized ? vec_size<T>() : 2);
 }
 
-// True when every pointer and stride allows vectors of `elems` elements (a multiple of 2).
-template <typename T, typename weight_t>
-bool qk_norm_rope_aligned(const QkNormRopeParams<T, weight_t>& p, int elems) {
-  auto aligned = [&](const void* ptr, int elem_bytes) {
-    const int bytes = elems * elem_bytes < kVecBytes ? elems * elem_bytes : kVecBytes;
-    return reinterpret_cast<uintptr_t>(ptr) % bytes == 0;
-  };
-  auto strides_ok = [&](const HeadStrides& st) { return st.b % elems == 0 && st.s % elems == 0 && st.h % elems == 0; };
-  return p.width % elems == 0 && aligned(p.q, sizeof(T)) && aligned(p.k, sizeof(T)) && aligned(p.q_out, sizeof(T)) &&
-         aligned(p.k_out, sizeof(T)) && aligned(p.q_weight, sizeof(weight_t)) && aligned(p.k_weight, sizeof(weight_t)) &&
-         aligned(p.cos, sizeof(float)) && aligned(p.sin, sizeof(float)) && strides_ok(p.q_strides) &&
-         strides_ok(p.k_strides) && strides_ok(p.q_out_strides) && strides_ok(p.k_out_strides) &&
-         p.table_b % elems == 0 && p.table_s % elems == 0;
+// True when every pointer and stride allows vectors of kElems elements (kElems even).
+template <int kElems, typename T, typename weight_t>
+bool qk_norm_rope_aligned(const QkNormRopeParams<T, weight_t>& p) {
+  return p.width % kElems == 0 && p.qk.template aligned<kElems>() && is_vec_aligned<weight_t, kElems>(p.q_weight) &&
+         is_vec_aligned<weight_t, kElems>(p.k_weight) && is_vec_aligned<float, kElems>(p.cos) &&
+         is_vec_aligned<float, kElems>(p.sin) && p.table_b % kElems == 0 && p.table_s % kElems == 0;
 }
 
 // Host launcher: 16-byte vectors when every pointer and stride allows it, else one pair per
 // vector. The caller checks width (even, <= qk_norm_rope_max_width<T>(vectorized)) and pair
-// alignment (qk_norm_rope_aligned(p, 2)).
+// alignment (qk_norm_rope_aligned<2>(p)).
 template <typename T, typename weight_t>
 cudaError_t qk_norm_rope(const QkNormRopeParams<T, weight_t>& p, cudaStream_t stream) {
-  if (p.batch * p.seq == 0 || p.width == 0 || p.num_q_groups + p.num_k_groups == 0) return cudaSuccess;
+  if (p.qk.num_rows() == 0 || p.width == 0) return cudaSuccess;
   constexpr int kVec = vec_size<T>();
-  return qk_norm_rope_aligned(p, kVec) ? qk_norm_rope_detail::launch<T, weight_t, kVec>(p, stream)
+  return qk_norm_rope_aligned<kVec>(p) ? qk_norm_rope_detail::launch<T, weight_t, kVec>(p, stream)
                                        : qk_norm_rope_detail::launch<T, weight_t, 2>(p, stream);
 }
 

@@ -26,38 +26,50 @@ RopeStyle resolve_style(std::string_view style) {
 
 HeadStrides head_strides(const at::Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
 
-// The q/k inputs and outputs ([B, S, H, d] views) of a launch's parameters (RopeParams, QkNormRopeParams).
-template <typename T, template <typename, typename> class Params, typename table_t>
-void set_qk(Params<T, table_t>& p, at::Tensor& q_out, const at::Tensor& q, at::Tensor& k_out, const at::Tensor& k) {
-  p.q_out = static_cast<T*>(q_out.data_ptr());
-  p.q_out_strides = head_strides(q_out);
-  p.q = static_cast<const T*>(q.const_data_ptr());
-  p.q_strides = head_strides(q);
-  p.k_out = static_cast<T*>(k_out.data_ptr());
-  p.k_out_strides = head_strides(k_out);
-  p.k = static_cast<const T*>(k.const_data_ptr());
-  p.k_strides = head_strides(k);
+// q, k and their outputs, [B, S, H, d] views, as the kernels address them.
+template <typename T>
+QkRows<T> qk_rows(at::Tensor& q_out, const at::Tensor& q, at::Tensor& k_out, const at::Tensor& k) {
+  return {static_cast<T*>(q_out.data_ptr()), head_strides(q_out), static_cast<const T*>(q.const_data_ptr()),
+          head_strides(q), static_cast<T*>(k_out.data_ptr()), head_strides(k_out),
+          static_cast<const T*>(k.const_data_ptr()), head_strides(k), q.size(0), q.size(1),
+          static_cast<int>(q.size(2)), static_cast<int>(k.size(2))};
+}
+
+// q [B, S, Hq, d] and k [B, S, Hk, d]: CUDA, float, same device and dtype, last dim contiguous.
+void check_qk(const char* op, const at::Tensor& q, const at::Tensor& k) {
+  check_cuda(op, q, "q");
+  check_float_dtype(op, q, "q");
+  TORCH_CHECK_VALUE(q.dim() == 4, op, ": q must be 4-D [B, S, H, d], got shape ", q.sizes());
+  check_last_dim_contiguous(op, q, "q");
+  check_same_device(op, k, "k", q, "q");
+  check_dtype(op, k, "k", q.scalar_type(), "the dtype of q");
+  TORCH_CHECK_VALUE(k.dim() == 4 && k.size(0) == q.size(0) && k.size(1) == q.size(1) && k.size(3) == q.size(3), op,
+                    ": k must be [B, S, H_k, d] with q's B, S and d ", q.sizes(), ", got ", k.sizes());
+  check_last_dim_contiguous(op, k, "k");
+}
+
+// cos, sin [B or 1, S, width] for q [B, S, H, d]: same device, shape and strides, last dim
+// contiguous (their dtype and width are the caller's to check).
+void check_tables(const char* op, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& q) {
+  for (const auto& [t, name] : {std::pair{&cos, "cos"}, std::pair{&sin, "sin"}}) {
+    check_same_device(op, *t, name, q, "q");
+    TORCH_CHECK_VALUE(t->dim() == 3 && (t->size(0) == 1 || t->size(0) == q.size(0)) && t->size(1) == q.size(1), op,
+                      ": ", name, " must be [B or 1, S, rotary_dim] with q's B = ", q.size(0), " and S = ", q.size(1),
+                      ", got ", t->sizes());
+    check_last_dim_contiguous(op, *t, name);
+  }
+  check_same_shape(op, sin, "sin", cos, "cos");
+  TORCH_CHECK_VALUE(cos.stride(0) == sin.stride(0) && cos.stride(1) == sin.stride(1), op,
+                    ": cos and sin must have the same strides, got ", cos.strides(), " and ", sin.strides());
 }
 
 // q, k: [B, S, H, d]; cos, sin: [B or 1, S, R], R even and <= d.
 void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
                   bool fp32_math) {
-  check_cuda(kOp, q, "q");
-  check_float_dtype(kOp, q, "q");
-  TORCH_CHECK_VALUE(q.dim() == 4, kOp, ": q must be 4-D [B, S, H, d], got shape ", q.sizes());
-  check_last_dim_contiguous(kOp, q, "q");
-  check_same_device(kOp, k, "k", q, "q");
-  check_dtype(kOp, k, "k", q.scalar_type(), "the dtype of q");
-  TORCH_CHECK_VALUE(k.dim() == 4 && k.size(0) == q.size(0) && k.size(1) == q.size(1) && k.size(3) == q.size(3), kOp,
-                    ": k must be [B, S, H_k, d] with q's B, S and d ", q.sizes(), ", got ", k.sizes());
-  check_last_dim_contiguous(kOp, k, "k");
+  check_qk(kOp, q, k);
+  check_tables(kOp, cos, sin, q);
   const at::ScalarType table_dtype = cos.scalar_type();
   for (const auto& [t, name] : {std::pair{&cos, "cos"}, std::pair{&sin, "sin"}}) {
-    check_same_device(kOp, *t, name, q, "q");
-    TORCH_CHECK_VALUE(t->dim() == 3 && (t->size(0) == 1 || t->size(0) == q.size(0)) && t->size(1) == q.size(1), kOp,
-                      ": ", name, " must be [B or 1, S, rotary_dim] with q's B = ", q.size(0), " and S = ", q.size(1),
-                      ", got ", t->sizes());
-    check_last_dim_contiguous(kOp, *t, name);
     if (fp32_math) {
       TORCH_CHECK_TYPE(t->scalar_type() == at::kFloat || t->scalar_type() == q.scalar_type(), kOp, ": ", name,
                        " must be float32 or q's dtype, got ", t->scalar_type());
@@ -66,10 +78,7 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& co
                   "transformers builds cos/sin in the model dtype; pass fp32 tables with fp32 math");
     }
   }
-  check_same_shape(kOp, sin, "sin", cos, "cos");
   check_dtype(kOp, sin, "sin", table_dtype, "the dtype of cos");
-  TORCH_CHECK_VALUE(cos.stride(0) == sin.stride(0) && cos.stride(1) == sin.stride(1), kOp,
-                    ": cos and sin must have the same strides, got ", cos.strides(), " and ", sin.strides());
   const int64_t rotary_dim = cos.size(2);
   TORCH_CHECK_VALUE(rotary_dim % 2 == 0 && rotary_dim <= q.size(3), kOp,
                     ": the rotary width (cos.shape[-1] = ", rotary_dim, ") must be even and at most head_dim = ",
@@ -87,7 +96,7 @@ void run(at::Tensor& q_out, at::Tensor& k_out, const at::Tensor& q, const at::Te
     auto go = [&](auto table_tag) {
       using table_t = typename decltype(table_tag)::type;
       RopeParams<T, table_t> p;
-      set_qk(p, q_out, q, k_out, k);
+      p.qk = qk_rows<T>(q_out, q, k_out, k);
       p.cos = static_cast<const table_t*>(cos.const_data_ptr());
       p.sin = static_cast<const table_t*>(sin.const_data_ptr());
       if constexpr (kCache) {
@@ -99,10 +108,6 @@ void run(at::Tensor& q_out, at::Tensor& k_out, const at::Tensor& q, const at::Te
         p.table_b = cos.size(0) == 1 ? 0 : cos.stride(0);
         p.table_s = cos.stride(1);
       }
-      p.batch = q.size(0);
-      p.seq = q.size(1);
-      p.num_q_heads = static_cast<int>(q.size(2));
-      p.num_k_heads = static_cast<int>(k.size(2));
       p.head_dim = static_cast<int>(q.size(3));
       p.rotary_dim = static_cast<int>(cos.size(-1));
       p.copy_pass_through = copy_pass_through;
@@ -227,15 +232,8 @@ constexpr const char* kNormRopeOp = "qk_norm_rope";
 void check_qk_norm_rope(const at::Tensor& q, const at::Tensor& k, const at::Tensor& q_weight,
                         const at::Tensor& k_weight, double eps, const at::Tensor& cos, const at::Tensor& sin) {
   const char* op = kNormRopeOp;
-  check_cuda(op, q, "q");
-  check_float_dtype(op, q, "q");
-  TORCH_CHECK_VALUE(q.dim() == 4, op, ": q must be 4-D [B, S, groups, width], got shape ", q.sizes());
-  check_last_dim_contiguous(op, q, "q");
-  check_same_device(op, k, "k", q, "q");
-  check_dtype(op, k, "k", q.scalar_type(), "the dtype of q");
-  TORCH_CHECK_VALUE(k.dim() == 4 && k.size(0) == q.size(0) && k.size(1) == q.size(1) && k.size(3) == q.size(3), op,
-                    ": k must be [B, S, groups, width] with q's B, S and width ", q.sizes(), ", got ", k.sizes());
-  check_last_dim_contiguous(op, k, "k");
+  check_qk(op, q, k);
+  check_tables(op, cos, sin, q);
   const int64_t width = q.size(3);
   TORCH_CHECK_VALUE(width % 2 == 0, op, ": the normalized width (q.shape[-1] = ", width,
                     ") must be even: RoPE rotates pairs");
@@ -251,16 +249,10 @@ void check_qk_norm_rope(const at::Tensor& q, const at::Tensor& k, const at::Tens
                    k_weight.scalar_type());
   check_eps(op, eps);
   for (const auto& [t, name] : {std::pair{&cos, "cos"}, std::pair{&sin, "sin"}}) {
-    check_same_device(op, *t, name, q, "q");
     check_dtype(op, *t, name, at::kFloat, "diffusers computes the rotary tables in float32");
-    TORCH_CHECK_VALUE(t->dim() == 3 && (t->size(0) == 1 || t->size(0) == q.size(0)) && t->size(1) == q.size(1) &&
-                          t->size(2) == width,
-                      op, ": ", name, " must be [B or 1, S, width] with q's B = ", q.size(0), ", S = ", q.size(1),
-                      " and width = ", width, ", got ", t->sizes());
-    check_last_dim_contiguous(op, *t, name);
+    TORCH_CHECK_VALUE(t->size(2) == width, op, ": ", name, " must cover the normalized width ", width,
+                      " (q.shape[-1]), got ", t->sizes());
   }
-  TORCH_CHECK_VALUE(cos.stride(0) == sin.stride(0) && cos.stride(1) == sin.stride(1), op,
-                    ": cos and sin must have the same strides, got ", cos.strides(), " and ", sin.strides());
 }
 
 }  // namespace
@@ -277,23 +269,19 @@ std::tuple<at::Tensor, at::Tensor> qk_norm_rope(const at::Tensor& q, const at::T
     auto go = [&](auto weight_tag) {
       using W = typename decltype(weight_tag)::type;
       QkNormRopeParams<T, W> p;
-      set_qk(p, q_out, q, k_out, k);
+      p.qk = qk_rows<T>(q_out, q, k_out, k);
       p.q_weight = static_cast<const W*>(q_weight.const_data_ptr());
       p.k_weight = static_cast<const W*>(k_weight.const_data_ptr());
       p.cos = cos.const_data_ptr<float>();
       p.sin = sin.const_data_ptr<float>();
       p.table_b = cos.size(0) == 1 ? 0 : cos.stride(0);
       p.table_s = cos.stride(1);
-      p.batch = q.size(0);
-      p.seq = q.size(1);
-      p.num_q_groups = static_cast<int>(q.size(2));
-      p.num_k_groups = static_cast<int>(k.size(2));
       p.width = static_cast<int>(q.size(3));
       p.eps = static_cast<float>(eps);
-      TORCH_CHECK_VALUE(p.batch * p.seq == 0 || qk_norm_rope_aligned(p, 2), kNormRopeOp,
+      TORCH_CHECK_VALUE(p.qk.num_rows() == 0 || qk_norm_rope_aligned<2>(p), kNormRopeOp,
                         ": q, k, cos, sin and the weights must start at even element offsets with even strides "
                         "(whole pairs), got q strides ", q.strides(), " and k strides ", k.strides());
-      const int64_t max_width = qk_norm_rope_max_width<T>(qk_norm_rope_aligned(p, vec_size<T>()));
+      const int64_t max_width = qk_norm_rope_max_width<T>(qk_norm_rope_aligned<vec_size<T>()>(p));
       TORCH_CHECK_VALUE(q.size(3) <= max_width, kNormRopeOp, ": rows of more than ", max_width,
                         " elements are not supported here (the whole row is kept in registers; 16-byte aligned "
                         "rows allow more), got width ", q.size(3));

@@ -29,8 +29,10 @@ struct HeadStrides {
   int64_t b, s, h;
 };
 
-template <typename T, typename table_t>
-struct RopeParams {
+// q and k, inputs and outputs, as [B, S, H, d] views (any strides, last dim contiguous), taken as
+// rows of d: row = token * (Hq + Hk) + head, q's heads first. Shared by the RoPE kernels.
+template <typename T>
+struct QkRows {
   T* q_out;  // [B, S, Hq, d]
   HeadStrides q_out_strides;
   const T* q;  // [B, S, Hq, d]
@@ -39,13 +41,44 @@ struct RopeParams {
   HeadStrides k_out_strides;
   const T* k;  // [B, S, Hk, d]
   HeadStrides k_strides;
+  int64_t batch, seq;
+  int num_q_heads, num_k_heads;
+
+  TK_HOST_DEVICE int heads() const { return num_q_heads + num_k_heads; }
+  TK_HOST_DEVICE int64_t num_rows() const { return batch * seq * heads(); }
+
+  // Row `row`'s token (b, s), its input x and its output.
+  TK_DEVICE void locate(int64_t row, int64_t& b, int64_t& s, const T*& x, T*& out) const {
+    const int head = static_cast<int>(row % heads());
+    const int64_t token = row / heads();
+    b = token / seq;
+    s = token % seq;
+    const bool is_q = head < num_q_heads;
+    const int h = is_q ? head : head - num_q_heads;
+    const HeadStrides& in = is_q ? q_strides : k_strides;
+    const HeadStrides& o = is_q ? q_out_strides : k_out_strides;
+    x = (is_q ? q : k) + b * in.b + s * in.s + h * in.h;
+    out = (is_q ? q_out : k_out) + b * o.b + s * o.s + h * o.h;
+  }
+
+  // True when every pointer and stride allows vec_t<T, kElems> (host side).
+  template <int kElems>
+  bool aligned() const {
+    auto strides_ok = [](const HeadStrides& st) { return st.b % kElems == 0 && st.s % kElems == 0 && st.h % kElems == 0; };
+    return is_vec_aligned<T, kElems>(q) && is_vec_aligned<T, kElems>(k) && is_vec_aligned<T, kElems>(q_out) &&
+           is_vec_aligned<T, kElems>(k_out) && strides_ok(q_strides) && strides_ok(k_strides) &&
+           strides_ok(q_out_strides) && strides_ok(k_out_strides);
+  }
+};
+
+template <typename T, typename table_t>
+struct RopeParams {
+  QkRows<T> qk;
   const table_t* cos;  // [B, S, R]; cached form: cos_sin_cache [max_position, R]
   const table_t* sin;  // [B, S, R]; cached form: unused (the sines follow the cosines in each row)
   int64_t table_b, table_s;  // strides of cos and sin (same layout), in elements
   const int64_t* positions = nullptr;  // [B * S], cached form only
   int64_t max_position = 0;            // rows of cos_sin_cache, cached form only
-  int64_t batch, seq;
-  int num_q_heads, num_k_heads;
   int head_dim;
   int rotary_dim;
   bool copy_pass_through;  // out-of-place: copy channels >= rotary_dim
@@ -72,23 +105,17 @@ __global__ void rope_kernel(const RopeParams<T, table_t> p) {
   const int lane = threadIdx.x & (threads - 1);
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> p.log2_threads_per_row) +
                       (threadIdx.x >> p.log2_threads_per_row);
-  const int heads = p.num_q_heads + p.num_k_heads;
-  if (row >= p.batch * p.seq * heads) return;
-  const int head = static_cast<int>(row % heads);
-  const int64_t token = row / heads;
-  const int64_t b = token / p.seq, s = token % p.seq;
-  const bool is_q = head < p.num_q_heads;
-  const int h = is_q ? head : head - p.num_q_heads;
-  const HeadStrides& in_st = is_q ? p.q_strides : p.k_strides;
-  const HeadStrides& out_st = is_q ? p.q_out_strides : p.k_out_strides;
-  const T* x = (is_q ? p.q : p.k) + b * in_st.b + s * in_st.s + h * in_st.h;
-  T* out = (is_q ? p.q_out : p.k_out) + b * out_st.b + s * out_st.s + h * out_st.h;
+  if (row >= p.qk.num_rows()) return;
+  int64_t b, s;
+  const T* x;
+  T* out;
+  p.qk.locate(row, b, s, x, out);
   const int num_pairs = p.rotary_dim / 2;
   const table_t* cos;
   const table_t* sin;
   bool position_ok = true;
   if constexpr (kCache) {
-    const int64_t pos = p.positions[token];
+    const int64_t pos = p.positions[b * p.qk.seq + s];
     position_ok = pos >= 0 && pos < p.max_position;
     cos = p.cos + (position_ok ? pos : 0) * p.table_s;
     sin = cos + num_pairs;
@@ -189,25 +216,16 @@ __global__ void rope_kernel(const RopeParams<T, table_t> p) {
 // width allow, one pair per step otherwise.
 template <RopeStyle kStyle, bool kFp32Math, bool kCache, typename T, typename table_t>
 cudaError_t rope(RopeParams<T, table_t> p, cudaStream_t stream) {
-  const int64_t rows = p.batch * p.seq * (p.num_q_heads + p.num_k_heads);
+  const int64_t rows = p.qk.num_rows();
   if (rows == 0 || p.head_dim == 0) return cudaSuccess;
   // Pairs per vector step: 16 bytes of x per load (NeoX loads both halves, interleaved one vector
   // holding both elements of each pair).
   constexpr int kVecPairs = kStyle == RopeStyle::kNeox ? vec_size<T>() : vec_size<T>() / 2;
   constexpr int kVecElems = kStyle == RopeStyle::kNeox ? kVecPairs : 2 * kVecPairs;
-  auto aligned = [&](const void* ptr, int elem_bytes) {
-    const int bytes = kVecElems * elem_bytes < kVecBytes ? kVecElems * elem_bytes : kVecBytes;
-    return reinterpret_cast<uintptr_t>(ptr) % bytes == 0;
-  };
-  auto strides_ok = [&](const HeadStrides& st) {
-    return st.b % kVecElems == 0 && st.s % kVecElems == 0 && st.h % kVecElems == 0;
-  };
   const int num_pairs = p.rotary_dim / 2;
-  const bool vectorizable = num_pairs % kVecPairs == 0 && aligned(p.q, sizeof(T)) && aligned(p.k, sizeof(T)) &&
-                            aligned(p.q_out, sizeof(T)) && aligned(p.k_out, sizeof(T)) &&
-                            aligned(p.cos, sizeof(table_t)) && aligned(p.sin, sizeof(table_t)) &&
-                            strides_ok(p.q_strides) && strides_ok(p.k_strides) && strides_ok(p.q_out_strides) &&
-                            strides_ok(p.k_out_strides) && p.table_b % kVecElems == 0 && p.table_s % kVecElems == 0 &&
+  const bool vectorizable = num_pairs % kVecPairs == 0 && p.qk.template aligned<kVecElems>() &&
+                            is_vec_aligned<table_t, kVecElems>(p.cos) && is_vec_aligned<table_t, kVecElems>(p.sin) &&
+                            p.table_b % kVecElems == 0 && p.table_s % kVecElems == 0 &&
                             (!kCache || num_pairs % kVecElems == 0);  // the sines' offset keeps alignment
   const int pairs_per_step = vectorizable ? kVecPairs : 1;
   // Threads per row: a power of two covering the row's steps (at least one), at most a block.
