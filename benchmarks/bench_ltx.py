@@ -83,9 +83,10 @@ def run_pipeline(args, optimized: bool) -> dict:
         generate()
         torch.cuda.synchronize()
     total = time.perf_counter() - t0
+    # One generation is timed whole: step_ms_mean is its time per step, VAE decode included.
     return {"optimized_kernels": optimized, "compile": False, "steps": args.steps, "total_s": total,
-            "step_ms_mean": 1e3 * total / args.steps, "step_ms_median": 1e3 * total / args.steps,
-            "peak_memory_gb": torch.cuda.max_memory_allocated() / 1e9, "injection": report, "pipeline": True}
+            "step_ms_mean": 1e3 * total / args.steps, "peak_memory_gb": torch.cuda.max_memory_allocated() / 1e9,
+            "injection": report, "pipeline": True}
 
 
 def inputs(args) -> dict:

@@ -25,6 +25,7 @@ from integrations.loading import load_kernel, use_local_build  # noqa: E402
 from reference.activations import eager_act_and_mul, eager_act_mul, eager_activation, eager_gated_add  # noqa: E402
 from reference.rope import (  # noqa: E402
     diffusers_interleaved_rotary,
+    diffusers_qk_norm_rope,
     hf_apply_rotary_pos_emb,
     vllm_rotary_embedding_native,
 )
@@ -164,10 +165,14 @@ def modulate_cases(tk, quick: bool) -> Iterator[Case]:
 
 
 def activation_cases(tk, quick: bool) -> Iterator[Case]:
-    """Llama-3.1-8B's MLP (4096 tokens x 14336), LTX-Video 2B's GELU-tanh FFN (2x8064 tokens x 8192),
-    SDXL's GEGLU (16384 x 2x10240) and LTX's gated residual."""
+    """Llama-3.1-8B's MLP (one decode token, and 4096 tokens x 14336), LTX-Video 2B's GELU-tanh FFN
+    (2x8064 tokens x 8192), SDXL's GEGLU (16384 x 2x10240) and LTX's gated residual."""
     bf16 = dict(device="cuda", dtype=torch.bfloat16)
     liger_swiglu = liger_fn("swiglu", "LigerSiLUMulFunction")
+    g1, u1 = torch.randn(1, 14336, **bf16), torch.randn(1, 14336, **bf16)
+    yield Case("act_mul (silu)", "1x14336 x2", "bfloat16", 3 * nbytes(g1),
+               with_baselines(lambda: tk.act_mul(g1, u1, "silu"), lambda g, u: eager_act_mul(g, u, "silu"), (g1, u1)),
+               latency=True, note="Llama-3.1-8B decode, 1 token (host-bound: timed per call from Python)")
     x = torch.randn(4096, 2 * 14336, **bf16)
     yield Case("silu_and_mul", "4096x(2x14336)", "bfloat16", nbytes(x) * 3 // 2,
                with_baselines(lambda: tk.silu_and_mul(x), lambda x: eager_act_and_mul(x, "silu"), (x,)),
@@ -192,14 +197,6 @@ def activation_cases(tk, quick: bool) -> Iterator[Case]:
     yield Case("gated_add", "2x8064x2048", "bfloat16", 3 * nbytes(xr) + nbytes(gate),
                with_baselines(lambda: tk.gated_add(xr, yr, gate), eager_gated_add, (xr, yr, gate)),
                note="LTX-Video 2B: hidden_states + ff_output * gate_mlp")
-
-
-def activation_decode_cases(tk) -> Iterator[Case]:
-    """One decode token through Llama-3.1-8B's MLP: host-bound, timed per call from Python."""
-    g, u = (torch.randn(1, 14336, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    yield Case("act_mul (silu)", "1x14336 x2", "bfloat16", 3 * nbytes(g),
-               with_baselines(lambda: tk.act_mul(g, u, "silu"), lambda g, u: eager_act_mul(g, u, "silu"), (g, u)),
-               latency=True, note="Llama-3.1-8B decode, 1 token")
 
 
 def hf_rope_case(tk, B: int, S: int, Hq: int, Hk: int, d: int, note: str) -> Case:
@@ -251,11 +248,8 @@ def rope_cases(tk, quick: bool) -> Iterator[Case]:
     # LTX-Video 2B attention: q/k RMSNorm across heads + the rotation, fused, against the unfused pair
     wq, wk = (torch.rand(2048, device="cuda").to(torch.bfloat16) + 0.5 for _ in range(2))
 
-    def eager_norm_rope(q, k, c, s):
-        n = lambda x, w: F.rms_norm(x, (x.shape[-1],), w, 1e-6)  # noqa: E731
-        return diffusers_interleaved_rotary(n(q, wq), c, s), diffusers_interleaved_rotary(n(k, wk), c, s)
-
-    impls = with_baselines(lambda: tk.ltx_qk_norm_rope(q, k, wq, wk, 1e-6, cos, sin), eager_norm_rope, (q, k, cos, sin))
+    impls = with_baselines(lambda: tk.ltx_qk_norm_rope(q, k, wq, wk, 1e-6, cos, sin),
+                           lambda q, k, c, s: diffusers_qk_norm_rope(q, k, wq, wk, 1e-6, c, s), (q, k, cos, sin))
     impls["ours unfused"] = lambda: tk.ltx_rotary_emb(tk.rms_norm(q, wq, 1e-6, rounding="torch"),
                                                       tk.rms_norm(k, wk, 1e-6, rounding="torch"), cos, sin)
     yield Case("qk_norm_rope (ltx)", "2x8064x2048", "bfloat16", 2 * nbytes(q, k) + nbytes(cos, sin), impls,
@@ -271,12 +265,7 @@ def rope_cases(tk, quick: bool) -> Iterator[Case]:
                               (q, k, cos, sin)), note="Flux 1024x1024 (4096 image + 512 text tokens)")
 
 
-def activation_all_cases(tk, quick: bool) -> Iterator[Case]:
-    yield from activation_decode_cases(tk)
-    yield from activation_cases(tk, quick)
-
-
-OPS = {"rms_norm": rms_norm_cases, "activation": activation_all_cases, "fused_add_rms_norm": fused_add_rms_norm_cases,
+OPS = {"rms_norm": rms_norm_cases, "activation": activation_cases, "fused_add_rms_norm": fused_add_rms_norm_cases,
        "layer_norm": layer_norm_cases, "modulate": modulate_cases, "rope": rope_cases}
 
 

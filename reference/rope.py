@@ -30,6 +30,15 @@ def diffusers_interleaved_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.
     return (x.float() * cos + x_rotated.float() * sin).to(x.dtype)
 
 
+def diffusers_qk_norm_rope(q, k, q_weight, k_weight, eps, cos, sin):
+    """LTX-Video's and Flux's attention before the head split: ``norm_q``/``norm_k``
+    (``torch.nn.RMSNorm``), then diffusers' interleaved ``apply_rotary_emb`` on each."""
+    def one(x, w):
+        return diffusers_interleaved_rotary(torch.nn.functional.rms_norm(x, (x.shape[-1],), w, eps), cos, sin)
+
+    return one(q, q_weight), one(k, k_weight)
+
+
 def rotary_float64(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str) -> torch.Tensor:
     """The rotation in float64; x [..., d], cos/sin broadcast to [..., R]."""
     x64, c, s = x.double(), cos.double(), sin.double()

@@ -13,6 +13,9 @@ if compgen -G ".whl/*.whl" > /dev/null && [ ! -d /tmp/tk-site ]; then
 fi
 [ -d /tmp/tk-site ] && export PYTHONPATH="/tmp/tk-site${PYTHONPATH:+:$PYTHONPATH}"
 mkdir -p "$RESULTS_DIR/ab-$NAME"
+# The default build comes back however this ends (a failed or interrupted benchmark too), so that
+# what runs after never uses the variant.
+trap '"$PYTHON" tools/build_kernel.py --archs native' EXIT
+trap 'exit 143' TERM
 TK_CUDA_FLAGS="$FLAGS" "$PYTHON" tools/build_kernel.py --archs native
 "$PYTHON" benchmarks/bench_micro.py --out "$RESULTS_DIR/ab-$NAME" "$@"
-"$PYTHON" tools/build_kernel.py --archs native

@@ -36,14 +36,9 @@ grep -v " PASSED" "$R/tests.log" | grep -E "FAILED|ERROR|passed|failed" | tail -
 stage llm "${LLM_S:-60}" "$PYTHON" benchmarks/bench_llm.py --out "$R"
 stage profile "${PROFILE_S:-150}" "$PYTHON" benchmarks/profile_e2e.py --out "$R"
 stage micro "${MICRO_S:-200}" "$PYTHON" benchmarks/bench_micro.py --out "$R" "$@"
-if [ -n "${AB_FLAGS:-}" ]; then  # A/B of a tuning macro: rebuild with it, bench AB_OPS, rebuild the default
-  export TK_CUDA_FLAGS="$AB_FLAGS"
-  stage ab_build "${BUILD_S:-240}" "$PYTHON" tools/build_kernel.py --archs native
-  mkdir -p "$R/ab"
-  stage ab_micro "${AB_S:-60}" "$PYTHON" benchmarks/bench_micro.py --out "$R/ab" --ops ${AB_OPS:-modulate}
-  echo "$AB_FLAGS" > "$R/ab/flags.txt"
-  unset TK_CUDA_FLAGS
-  stage rebuild "${BUILD_S:-240}" "$PYTHON" tools/build_kernel.py --archs native
+if [ -n "${AB_FLAGS:-}" ]; then  # A/B of a tuning macro (scripts/gpu_ab.sh), results in $R/ab-ab/
+  stage ab "${AB_S:-180}" bash scripts/gpu_ab.sh "$R" ab "$AB_FLAGS" --ops ${AB_OPS:-modulate}
+  echo "$AB_FLAGS" > "$R/ab-ab/flags.txt"
 fi
 stage ltx "${LTX_S:-0}" "$PYTHON" benchmarks/bench_ltx.py --matrix --num-frames 49 --height 512 --width 768 \
   --steps 10 --warmup-iterations 1 --out "$R"

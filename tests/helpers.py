@@ -77,3 +77,11 @@ class _EagerLayer:
 
 # tk.layers for integration tests that run the eager code in place of the kernels
 EAGER_LAYERS = types.SimpleNamespace(RMSNorm=_EagerLayer, LayerNorm=_EagerLayer)
+
+
+def randomize_norm_weights(model):
+    """Norm weights are ones at init, which would hide a weight that is dropped or misapplied."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)

@@ -9,10 +9,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from helpers import EAGER_LAYERS
+from helpers import EAGER_LAYERS, randomize_norm_weights
 from reference.activations import eager_activation, eager_gated_add
 from reference.norms import diffusers_norm_modulate, ltx_gated_add_norm_modulate
-from reference.rope import diffusers_interleaved_rotary
+from reference.rope import diffusers_interleaved_rotary, diffusers_qk_norm_rope
 
 diffusers = pytest.importorskip("diffusers")
 from integrations.diffusers_models import LTXAttnProcessor, inject  # noqa: E402
@@ -28,9 +28,7 @@ EAGER_TK = SimpleNamespace(
     gelu=lambda x, approximate="none": eager_activation(x, "gelu" if approximate == "none" else "gelu_tanh"),
     ltx_rotary_emb=lambda q, k, cos, sin: (diffusers_interleaved_rotary(q, cos, sin),
                                            diffusers_interleaved_rotary(k, cos, sin)),
-    ltx_qk_norm_rope=lambda q, k, wq, wk, eps, cos, sin: (
-        diffusers_interleaved_rotary(torch.nn.functional.rms_norm(q, (q.shape[-1],), wq, eps), cos, sin),
-        diffusers_interleaved_rotary(torch.nn.functional.rms_norm(k, (k.shape[-1],), wk, eps), cos, sin)),
+    ltx_qk_norm_rope=diffusers_qk_norm_rope,
     flux_rotary_emb=lambda q, k, cos, sin: (diffusers_interleaved_rotary(q, cos[None, :, None], sin[None, :, None]),
                                             diffusers_interleaved_rotary(k, cos[None, :, None], sin[None, :, None])),
 )
@@ -41,11 +39,7 @@ def small_ltx(dtype=torch.float32, device="cpu"):
     model = diffusers.LTXVideoTransformer3DModel(in_channels=8, out_channels=8, num_attention_heads=4,
                                                  attention_head_dim=32, cross_attention_dim=128, num_layers=2,
                                                  caption_channels=32)
-    # norm_q/norm_k weights are ones at init: make them matter
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.uniform_(0.5, 1.5)
+    randomize_norm_weights(model)
     return model.to(device, dtype).eval()
 
 
@@ -122,10 +116,7 @@ def small_flux(dtype=torch.float32, device="cpu"):
     model = diffusers.FluxTransformer2DModel(patch_size=1, in_channels=16, num_layers=1, num_single_layers=1,
                                              attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32,
                                              pooled_projection_dim=16, axes_dims_rope=(4, 6, 6))
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.uniform_(0.5, 1.5)
+    randomize_norm_weights(model)
     return model.to(device, dtype).eval()
 
 
@@ -162,10 +153,7 @@ def small_sd3(dtype=torch.float32, device="cpu"):
                                             attention_head_dim=16, num_attention_heads=4, joint_attention_dim=32,
                                             caption_projection_dim=64, pooled_projection_dim=24, out_channels=4,
                                             qk_norm="rms_norm", dual_attention_layers=(0,))
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.uniform_(0.5, 1.5)
+    randomize_norm_weights(model)
     return model.to(device, dtype).eval()
 
 

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from helpers import EAGER_LAYERS
+from helpers import EAGER_LAYERS, randomize_norm_weights
 from reference.activations import eager_act_mul
 from reference.norms import hf_fused_add_rms_norm
 
@@ -45,10 +45,7 @@ def restore_rotary_functions(monkeypatch):
 def small_model(name, dtype=torch.float32, device="cpu"):
     torch.manual_seed(0)
     model = getattr(transformers, CLASSES[name])(CONFIGS[name]())
-    with torch.no_grad():
-        for pname, p in model.named_parameters():
-            if "norm" in pname:
-                p.uniform_(0.5, 1.5)
+    randomize_norm_weights(model)
     return model.to(device, dtype).eval()
 
 

@@ -10,6 +10,7 @@ import torch
 from helpers import DTYPES, assert_matches_eager, assert_rejects, assert_within, random_input
 from reference.rope import (
     diffusers_interleaved_rotary,
+    diffusers_qk_norm_rope,
     hf_apply_rotary_pos_emb,
     rotary_float64,
     vllm_rotary_embedding_native,
@@ -198,18 +199,13 @@ def test_vllm_rotary_embedding_opcheck_and_compile(tk):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
-def eager_qk_norm_rope(x, weight, eps, cos, sin):
-    """What LTX-Video's and Flux's attention do: torch.nn.RMSNorm, then diffusers' apply_rotary_emb."""
-    return diffusers_interleaved_rotary(torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, eps), cos, sin)
-
-
 def check_qk_norm_rope(ours, x, weight, eps, cos, sin):
     """float64 bound (the norm's rounding, then one rounding of the rotation) and eager parity."""
     n64 = torch.nn.functional.rms_norm(x.double(), (x.shape[-1],), weight.double(), eps)
     ref = rotary_float64(n64, cos, sin, "interleaved")
     mag = rope_magnitude(n64.to(x.dtype), cos, sin, "interleaved")
     assert_within(ours, ref, mag, 3, "qk_norm_rope vs float64")
-    assert_matches_eager(ours, eager_qk_norm_rope(x, weight, eps, cos, sin), mag, 2)
+    assert_matches_eager(ours, diffusers_qk_norm_rope(x, x, weight, weight, eps, cos, sin)[0], mag, 2)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
