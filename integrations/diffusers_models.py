@@ -65,6 +65,12 @@ def _ltx_block_forward(tk: ModuleType) -> Callable:
     return forward
 
 
+def _modulated_layer_norm(tk: ModuleType, norm: torch.nn.LayerNorm, x, scale, shift):
+    """``norm(x) * (1 + scale[:, None]) + shift[:, None]`` in one kernel (the AdaLN modules' core)."""
+    return tk.norm_modulate(x, scale[:, None], shift[:, None], norm="layer", weight=norm.weight, bias=norm.bias,
+                            eps=norm.eps)
+
+
 def _adaln_zero_forward(tk: ModuleType) -> Callable:
     """``AdaLayerNormZero`` (Flux, SD3 blocks): the LayerNorm and its modulation in one kernel."""
 
@@ -73,8 +79,7 @@ def _adaln_zero_forward(tk: ModuleType) -> Callable:
             emb = self.emb(timestep, class_labels, hidden_dtype=hidden_dtype)
         emb = self.linear(self.silu(emb))
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = emb.chunk(6, dim=1)
-        x = tk.norm_modulate(x, scale_msa[:, None], shift_msa[:, None], norm="layer", weight=self.norm.weight,
-                             bias=self.norm.bias, eps=self.norm.eps)
+        x = _modulated_layer_norm(tk, self.norm, x, scale_msa, shift_msa)
         return x, gate_msa, shift_mlp, scale_mlp, gate_mlp
 
     return forward
@@ -86,24 +91,22 @@ def _adaln_zero_single_forward(tk: ModuleType) -> Callable:
     def forward(self, x, emb=None):
         emb = self.linear(self.silu(emb))
         shift_msa, scale_msa, gate_msa = emb.chunk(3, dim=1)
-        x = tk.norm_modulate(x, scale_msa[:, None], shift_msa[:, None], norm="layer", weight=self.norm.weight,
-                             bias=self.norm.bias, eps=self.norm.eps)
-        return x, gate_msa
+        return _modulated_layer_norm(tk, self.norm, x, scale_msa, shift_msa), gate_msa
 
     return forward
 
 
 def _sd35_adaln_zero_x_forward(tk: ModuleType) -> Callable:
     """``SD35AdaLayerNormZeroX`` (SD3.5's dual-attention blocks): one LayerNorm, two modulations of
-    it. Each is one kernel; both normalize x the same way, so the outputs equal the eager ones."""
+    it. Each is one kernel, so x is read and normalized twice (a kernel with two modulated outputs
+    would read it once); both normalize x the same way, so the outputs equal the eager ones."""
 
     def forward(self, hidden_states, emb=None):
         emb = self.linear(self.silu(emb))
         (shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp, shift_msa2, scale_msa2,
          gate_msa2) = emb.chunk(9, dim=1)
-        norm = dict(norm="layer", weight=self.norm.weight, bias=self.norm.bias, eps=self.norm.eps)
-        out = tk.norm_modulate(hidden_states, scale_msa[:, None], shift_msa[:, None], **norm)
-        out2 = tk.norm_modulate(hidden_states, scale_msa2[:, None], shift_msa2[:, None], **norm)
+        out = _modulated_layer_norm(tk, self.norm, hidden_states, scale_msa, shift_msa)
+        out2 = _modulated_layer_norm(tk, self.norm, hidden_states, scale_msa2, shift_msa2)
         return out, gate_msa, shift_mlp, scale_mlp, gate_mlp, out2, gate_msa2
 
     return forward
@@ -116,8 +119,7 @@ def _adaln_continuous_forward(tk: ModuleType) -> Callable:
     def forward(self, x, conditioning_embedding):
         emb = self.linear(self.silu(conditioning_embedding).to(x.dtype))
         scale, shift = torch.chunk(emb, 2, dim=1)
-        return tk.norm_modulate(x, scale[:, None, :], shift[:, None, :], norm="layer", weight=self.norm.weight,
-                                bias=self.norm.bias, eps=self.norm.eps)
+        return _modulated_layer_norm(tk, self.norm, x, scale, shift)
 
     return forward
 
