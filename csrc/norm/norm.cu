@@ -1,6 +1,5 @@
-// Torch entry points of the normalization family: validate, pick dtypes, call the torch-free
-// launcher in norm.cuh on the current stream of x's device.
-#include <ATen/cuda/CUDAContext.h>
+// Torch entry points of the normalization family: validate, allocate, and hand the launch to
+// dispatch_dtypes (compiled per fused variant in instances/, on the current stream of x's device).
 #include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAGuard.h>
 
@@ -9,7 +8,6 @@
 #include <tuple>
 
 #include "common/checks.h"
-#include "common/dispatch.h"
 #include "norm/norm_call.h"
 
 namespace transformer_kernels {
