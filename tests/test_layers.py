@@ -95,3 +95,21 @@ def test_kernelized_model_compiles_fullgraph(tk):
     torch._dynamo.reset()
     compiled = torch.compile(model, fullgraph=True)
     torch.testing.assert_close(compiled(x), model(x), rtol=2**-7, atol=1e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["diffusers_weight", "torch_eps"])
+def test_kernelized_norm_takes_channels_first_views(tk, name):
+    """LTX-Video's VAE normalizes channels-first activations through movedim (channel stride
+    T*H*W): the output equals eager's and keeps the input's layout, as eager's does."""
+    module = models()[name].to("cuda", torch.bfloat16)
+    with torch.no_grad():
+        module.weight.copy_(torch.rand(2048) + 0.5)
+    x = (torch.randn(2, 2048, 3, 5, 7, device="cuda") * 3).to(torch.bfloat16).movedim(1, -1)
+    assert x.stride(-1) != 1
+    expected = module(x)
+    with use_kernel_mapping(MAPPING, inherit_mapping=False):
+        kernelize(module, mode=Mode.INFERENCE, device="cuda", use_fallback=False)
+    out = module(x)
+    assert out.shape == expected.shape and out.stride() == expected.stride()
+    assert_matches_eager(out, expected, expected.double().abs(), 4)

@@ -5,11 +5,29 @@ the ``has_backward``/``can_torch_compile`` flags; ``forward`` reads the state of
 bound to (``self.weight``, the eps attribute, ...).
 """
 
+import functools
+
 import torch
 
 from .activation import gelu, gelu_and_mul, gelu_tanh_and_mul, silu, silu_and_mul
 from .norm import layer_norm, rms_norm
 from .rope import apply_rotary_pos_emb
+
+
+def _any_channel_stride(forward):
+    """Lets a same-shape layer take an input whose last dimension is strided, as the module it
+    replaces does: channels-first activations normalized through ``movedim(1, -1)`` (LTX-Video's
+    VAE). The kernels read rows of unit stride (and say so for direct calls), so such an input is
+    copied to row-major once, and the result is given back in the input's layout, as eager
+    elementwise code keeps it: two extra passes, still fewer than eager's five or more."""
+
+    @functools.wraps(forward)
+    def wrapper(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() > 0 and x.size(-1) > 1 and x.stride(-1) != 1:
+            return torch.empty_like(x).copy_(forward(self, x.contiguous()))
+        return forward(self, x)
+
+    return wrapper
 
 
 class RMSNorm(torch.nn.Module):
@@ -30,6 +48,7 @@ class RMSNorm(torch.nn.Module):
     can_torch_compile: bool = True
     has_backward: bool = False
 
+    @_any_channel_stride
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         weight = getattr(self, "weight", None)
         if hasattr(self, "variance_epsilon"):
@@ -55,6 +74,7 @@ class LayerNorm(torch.nn.Module):
     can_torch_compile: bool = True
     has_backward: bool = False
 
+    @_any_channel_stride
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         return layer_norm(input, self.weight, self.bias, self.eps)
 
@@ -70,6 +90,7 @@ class Silu(torch.nn.Module):
     can_torch_compile: bool = True
     has_backward: bool = False
 
+    @_any_channel_stride
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return silu(x)
 
@@ -80,6 +101,7 @@ class Gelu(torch.nn.Module):
     can_torch_compile: bool = True
     has_backward: bool = False
 
+    @_any_channel_stride
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return gelu(x)
 
@@ -90,6 +112,7 @@ class GeluTanh(torch.nn.Module):
     can_torch_compile: bool = True
     has_backward: bool = False
 
+    @_any_channel_stride
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return gelu(x, approximate="tanh")
 
