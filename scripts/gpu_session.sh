@@ -7,6 +7,7 @@
 # cap; everything is packed into one archive, OUT_DIR/results.tgz (the device returns at most 8 files).
 #
 #   TESTS_S=150 LLM_S=60 PROFILE_S=150 MICRO_S=200 LTX_S=0 scripts/gpu_session.sh OUT_DIR [bench_micro args]
+#   NCU_S=90 adds Nsight Compute counters of our kernels (scripts/gpu_ncu.sh -> ncu.csv)
 #   PYTEST_ARGS="tests/test_rope.py" runs part of the suite (a short confirming run)
 #   AB_FLAGS="-DTK_FUSED_CACHED_VECS=2" AB_OPS="modulate fused_add_rms_norm" ...   adds an A/B stage
 set -uo pipefail
@@ -35,6 +36,7 @@ stage tests "${TESTS_S:-150}" "$PYTHON" -m pytest -v --tb=short -p no:cacheprovi
 grep -v " PASSED" "$R/tests.log" | grep -E "FAILED|ERROR|passed|failed" | tail -40
 stage llm "${LLM_S:-60}" "$PYTHON" benchmarks/bench_llm.py --out "$R"
 stage profile "${PROFILE_S:-150}" "$PYTHON" benchmarks/profile_e2e.py --out "$R"
+stage ncu "${NCU_S:-0}" bash scripts/gpu_ncu.sh "$R/ncu.csv"
 stage micro "${MICRO_S:-200}" "$PYTHON" benchmarks/bench_micro.py --out "$R" "$@"
 if [ -n "${AB_FLAGS:-}" ]; then  # A/B of a tuning macro (scripts/gpu_ab.sh), results in $R/ab-ab/
   stage ab "${AB_S:-180}" bash scripts/gpu_ab.sh "$R" ab "$AB_FLAGS" --ops ${AB_OPS:-modulate}

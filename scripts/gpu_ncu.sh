@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Nsight Compute counters of our kernels and a copy on benchmark shapes (benchmarks/ncu_probe.py):
+# DRAM and L2 traffic, L1 hit rate, occupancy. Clocks are left as they run (no base-clock lock).
+#   scripts/gpu_ncu.sh OUT_FILE.csv
+set -uo pipefail
+cd "$(dirname "$0")/.."
+NCU="$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)"
+[ -n "$NCU" ] || { echo "ncu not found on this machine"; exit 2; }
+METRICS=gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum,\
+dram__bytes_write.sum,lts__t_bytes.sum,lts__throughput.avg.pct_of_peak_sustained_elapsed,\
+l1tex__t_sector_hit_rate.pct,l1tex__throughput.avg.pct_of_peak_sustained_active,\
+sm__warps_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread,launch__block_size,\
+launch__occupancy_limit_registers,sm__throughput.avg.pct_of_peak_sustained_elapsed,\
+lts__t_sectors_srcunit_tex_op_read.sum,lts__t_sector_hit_rate.pct
+"$NCU" --clock-control none --metrics "$METRICS" --csv \
+  "${PYTHON:-python3}" benchmarks/ncu_probe.py > "$1"
