@@ -101,7 +101,8 @@ def test_kernelized_model_compiles_fullgraph(tk):
 @pytest.mark.parametrize("name", ["diffusers_weight", "torch_eps"])
 def test_kernelized_norm_takes_channels_first_views(tk, name):
     """LTX-Video's VAE normalizes channels-first activations through movedim (channel stride
-    T*H*W): the output equals eager's and keeps the input's layout, as eager's does."""
+    T*H*W): the output equals eager's. diffusers' elementwise code keeps the input's layout and
+    so does the layer (torch.nn.RMSNorm's fused kernel returns a contiguous tensor instead)."""
     module = models()[name].to("cuda", torch.bfloat16)
     with torch.no_grad():
         module.weight.copy_(torch.rand(2048) + 0.5)
@@ -111,5 +112,7 @@ def test_kernelized_norm_takes_channels_first_views(tk, name):
     with use_kernel_mapping(MAPPING, inherit_mapping=False):
         kernelize(module, mode=Mode.INFERENCE, device="cuda", use_fallback=False)
     out = module(x)
-    assert out.shape == expected.shape and out.stride() == expected.stride()
+    assert out.shape == expected.shape and out.stride() == x.stride()
+    if name.startswith("diffusers"):
+        assert expected.stride() == x.stride()
     assert_matches_eager(out, expected, expected.double().abs(), 4)

@@ -97,8 +97,8 @@ __global__ void elementwise_kernel(const ElementwiseParams<T> p) {
     for (int u = 0; u < kVecsPerThread; ++u) {
       const int64_t v = base + static_cast<int64_t>(u) * threads;
       if (v < num_vecs) {
-        av[u].template load<kReadOnce>(a + v * kVec);
-        if constexpr (kOp != Elementwise::kAct) bv[u].template load<kReadOnce>(b + v * kVec);
+        av[u].load(a + v * kVec);
+        if constexpr (kOp != Elementwise::kAct) bv[u].load(b + v * kVec);
         if constexpr (kOp == Elementwise::kGatedAdd) cv[u].load(c + v * kVec);
       }
     }

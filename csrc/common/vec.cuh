@@ -12,17 +12,6 @@ namespace transformer_kernels {
 // Bytes moved by one vector instruction; every kernel sizes its vectors from this.
 constexpr int kVecBytes = 16;
 
-// Where a loaded line may stay. kReused: L1 and L2 (the default; for data other rows read too:
-// weights, modulation vectors, broadcast gates, RoPE tables). kStreamed: L2 only (ld.global.cg),
-// for activations read once, so that they do not push the reused lines out of L1.
-enum class Cache { kReused, kStreamed };
-// What the kernels use for data read once. Tuning knob for the A/B (the default keeps today's
-// plain loads): TK_CUDA_FLAGS=-DTK_STREAM_LOADS=1 python tools/build_kernel.py
-#ifndef TK_STREAM_LOADS
-#define TK_STREAM_LOADS 0
-#endif
-constexpr Cache kReadOnce = TK_STREAM_LOADS ? Cache::kStreamed : Cache::kReused;
-
 // Elements of T in one 16-byte vector (8 for half/bfloat16, 4 for float).
 template <typename T>
 constexpr int vec_size() { return kVecBytes / static_cast<int>(sizeof(T)); }
@@ -54,18 +43,11 @@ struct vec_t {
   TK_DEVICE T& operator[](int i) { return data[i]; }
   TK_DEVICE const T& operator[](int i) const { return data[i]; }
 
-  template <Cache kCache = Cache::kReused>
   TK_DEVICE void load(const T* ptr) {
     const chunk_t* src = reinterpret_cast<const chunk_t*>(ptr);
     chunk_t* dst = reinterpret_cast<chunk_t*>(data);
 #pragma unroll
-    for (int c = 0; c < kChunks; ++c) {
-      if constexpr (kCache == Cache::kStreamed) {
-        dst[c] = __ldcg(src + c);
-      } else {
-        dst[c] = src[c];
-      }
-    }
+    for (int c = 0; c < kChunks; ++c) dst[c] = src[c];
   }
 
   TK_DEVICE void store(T* ptr) const {

@@ -121,12 +121,12 @@ __global__ void norm_kernel(const NormParams<T, weight_t, out_t> p) {
   auto load_h = [&](int64_t v, bool stored) -> vec {
     vec h;
     if (kPre == PreAdd::kNone || (stored && h_out != nullptr)) {
-      h.template load<kReadOnce>((kPre == PreAdd::kNone ? x : h_out) + v * kVec);
+      h.load((kPre == PreAdd::kNone ? x : h_out) + v * kVec);
       return h;
     }
     vec xv, rv;
-    xv.template load<kReadOnce>(x + v * kVec);
-    rv.template load<kReadOnce>(res + v * kVec);
+    xv.load(x + v * kVec);
+    rv.load(res + v * kVec);
     if constexpr (kPre == PreAdd::kGated) {
       vec gv;
       gv.load(gate + v * kVec);

@@ -68,7 +68,7 @@ __global__ void qk_norm_rope_kernel(const QkNormRopeParams<T, weight_t> p) {
   for (int c = 0; c < kCachedVecs; ++c) {
     const int v = lane + c * threads;
     if (v < num_vecs) {
-      cached[c].template load<kReadOnce>(x + v * kVec);
+      cached[c].load(x + v * kVec);
 #pragma unroll
       for (int i = 0; i < kVec; ++i) acc += to_float(cached[c][i]) * to_float(cached[c][i]);
     }

@@ -153,8 +153,8 @@ __global__ void rope_kernel(const RopeParams<T, table_t> p) {
       }
     } else if constexpr (kStyle == RopeStyle::kNeox) {
       vec_t<T, kPairs> a, bv;
-      a.template load<kReadOnce>(x + j0);
-      bv.template load<kReadOnce>(x + j0 + num_pairs);
+      a.load(x + j0);
+      bv.load(x + j0 + num_pairs);
       a.cast_to(x1);
       bv.cast_to(x2);
       if constexpr (!kCache) {
@@ -170,7 +170,7 @@ __global__ void rope_kernel(const RopeParams<T, table_t> p) {
       }
     } else {
       vec_t<T, 2 * kPairs> xv;
-      xv.template load<kReadOnce>(x + 2 * j0);
+      xv.load(x + 2 * j0);
 #pragma unroll
       for (int i = 0; i < kPairs; ++i) x1[i] = to_float(xv[2 * i]), x2[i] = to_float(xv[2 * i + 1]);
       if constexpr (!kCache) {
