@@ -5,6 +5,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <type_traits>
+
 namespace transformer_kernels {
 
 #define TK_DEVICE __device__ __forceinline__
@@ -27,5 +29,40 @@ TK_DEVICE __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bflo
 // Round an fp32 value through T and back, as `y.to(T).float()` does in PyTorch.
 template <typename T>
 TK_DEVICE float round_through(float v) { return to_float(from_float<T>(v)); }
+
+// Two fp32 values rounded to a 16-bit T with one instruction (cvt.rn.bf16x2.f32 / cvt.rn.f16x2.f32
+// on sm_80+): kernels that round every element several times, as eager code does op by op, would
+// otherwise issue one conversion per value.
+template <typename T>
+TK_DEVICE void from_float_pair(float a, float b, T& lo, T& hi) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    const __nv_bfloat162 p = __floats2bfloat162_rn(a, b);
+    lo = p.x, hi = p.y;
+  } else if constexpr (std::is_same_v<T, __half>) {
+    const __half2 p = __floats2half2_rn(a, b);
+    lo = p.x, hi = p.y;
+  } else {
+    lo = from_float<T>(a), hi = from_float<T>(b);
+  }
+}
+
+// from_float over N values, two per conversion instruction.
+template <typename T, int N>
+TK_DEVICE void from_floats(const float (&in)[N], T (&out)[N]) {
+#pragma unroll
+  for (int i = 0; i + 1 < N; i += 2) from_float_pair(in[i], in[i + 1], out[i], out[i + 1]);
+  if constexpr (N % 2 == 1) out[N - 1] = from_float<T>(in[N - 1]);
+}
+
+// round_through over N values in place, two per conversion instruction (a no-op for float).
+template <typename T, int N>
+TK_DEVICE void round_through(float (&v)[N]) {
+  if constexpr (!std::is_same_v<T, float>) {
+    T rounded[N];
+    from_floats(v, rounded);
+#pragma unroll
+    for (int i = 0; i < N; ++i) v[i] = to_float(rounded[i]);
+  }
+}
 
 }  // namespace transformer_kernels

@@ -62,10 +62,7 @@ struct vec_t {
     for (int i = 0; i < N; ++i) out[i] = to_float(data[i]);
   }
 
-  TK_DEVICE void cast_from(const float (&in)[N]) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) data[i] = from_float<T>(in[i]);
-  }
+  TK_DEVICE void cast_from(const float (&in)[N]) { from_floats(in, data); }
 };
 
 // True when `ptr` may be used with vec_t<T, N>::load/store.

@@ -127,16 +127,20 @@ __global__ void norm_kernel(const NormParams<T, weight_t, out_t> p) {
     vec xv, rv;
     xv.load(x + v * kVec);
     rv.load(res + v * kVec);
+    float sum[kVec];
     if constexpr (kPre == PreAdd::kGated) {
       vec gv;
       gv.load(gate + v * kVec);
 #pragma unroll
-      for (int i = 0; i < kVec; ++i)
-        h[i] = from_float<T>(__fadd_rn(to_float(xv[i]), round_through<T>(__fmul_rn(to_float(gv[i]), to_float(rv[i])))));
+      for (int i = 0; i < kVec; ++i) sum[i] = __fmul_rn(to_float(gv[i]), to_float(rv[i]));
+      round_through<T>(sum);
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) sum[i] = __fadd_rn(to_float(xv[i]), sum[i]);
     } else {
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) h[i] = from_float<T>(__fadd_rn(to_float(xv[i]), to_float(rv[i])));
+      for (int i = 0; i < kVec; ++i) sum[i] = __fadd_rn(to_float(xv[i]), to_float(rv[i]));
     }
+    h.cast_from(sum);
     return h;
   };
 
@@ -210,19 +214,35 @@ __global__ void norm_kernel(const NormParams<T, weight_t, out_t> p) {
   // Last pass: normalize, affine, modulation, store.
   const T* scale = kMod ? p.scale + p.scale_rows.offset(row) : nullptr;
   const T* shift = kMod && p.shift != nullptr ? p.shift + p.shift_rows.offset(row) : nullptr;
-  auto finish = [&](float h, float w, float b, float s, float sh) {
-    float y = (h - mean) * inv_std;
+  // y: h on entry, the output value on return, for N values (a vector, or the one-element tail).
+  // Each op rounds as the eager code does (no FMA across a rounding); roundings go two per
+  // instruction, since several per element would otherwise bound the kernel by its conversions.
+  auto finish = [&](auto& y, const auto& w, const auto& b, const auto& s, const auto& sh) {
+    constexpr int N = sizeof(y) / sizeof(y[0]);
+#pragma unroll
+    for (int i = 0; i < N; ++i) y[i] = (y[i] - mean) * inv_std;
     if constexpr (kNorm == NormType::kRms) {
-      if (p.round_normalized) y = round_through<T>(y);
-      y *= w;
+      if (p.round_normalized) round_through<T>(y);
+#pragma unroll
+      for (int i = 0; i < N; ++i) y[i] *= w[i];
     } else {
-      y = y * w + b;
+#pragma unroll
+      for (int i = 0; i < N; ++i) y[i] = y[i] * w[i] + b[i];
     }
-    if constexpr (kMod) {  // n * (1 + scale) + shift, each op rounded as the eager code does (no FMA)
-      y = round_through<T>(__fmul_rn(round_through<T>(y), round_through<T>(__fadd_rn(1.f, s))));
-      if (shift != nullptr) y = __fadd_rn(y, sh);
+    if constexpr (kMod) {  // n * (1 + scale) + shift
+      float one_plus_scale[N];
+#pragma unroll
+      for (int i = 0; i < N; ++i) one_plus_scale[i] = __fadd_rn(1.f, s[i]);
+      round_through<T>(one_plus_scale);
+      round_through<T>(y);
+#pragma unroll
+      for (int i = 0; i < N; ++i) y[i] = __fmul_rn(y[i], one_plus_scale[i]);
+      round_through<T>(y);
+      if (shift != nullptr) {
+#pragma unroll
+        for (int i = 0; i < N; ++i) y[i] = __fadd_rn(y[i], sh[i]);
+      }
     }
-    return y;
   };
   auto store_vec = [&](const vec& h, int64_t v) {
     float w[kVec], b[kVec], s[kVec], sh[kVec];
@@ -248,9 +268,11 @@ __global__ void norm_kernel(const NormParams<T, weight_t, out_t> p) {
         shv.cast_to(sh);
       }
     }
+    float y[kVec];
+    h.cast_to(y);
+    finish(y, w, b, s, sh);
     vec_t<out_t, kVec> o;
-#pragma unroll
-    for (int i = 0; i < kVec; ++i) o[i] = from_float<out_t>(finish(to_float(h[i]), w[i], b[i], s[i], sh[i]));
+    o.cast_from(y);
     o.store(out + v * kVec);
   };
 #pragma unroll
@@ -262,9 +284,13 @@ __global__ void norm_kernel(const NormParams<T, weight_t, out_t> p) {
     store_vec(load_h(v, true), v);
   if (has_tail) {
     const int64_t c = tail_col;
-    out[c] = from_float<out_t>(finish(tail_h, p.weight ? to_float(p.weight[c]) : 1.f,
-                                      kNorm == NormType::kLayer && p.bias ? to_float(p.bias[c]) : 0.f,
-                                      kMod ? to_float(scale[c]) : 0.f, kMod && shift ? to_float(shift[c]) : 0.f));
+    float y[1] = {tail_h};
+    const float w[1] = {p.weight ? to_float(p.weight[c]) : 1.f};
+    const float b[1] = {kNorm == NormType::kLayer && p.bias ? to_float(p.bias[c]) : 0.f};
+    const float s[1] = {kMod ? to_float(scale[c]) : 0.f};
+    const float sh[1] = {kMod && shift ? to_float(shift[c]) : 0.f};
+    finish(y, w, b, s, sh);
+    out[c] = from_float<out_t>(y[0]);
   }
 }
 
