@@ -89,13 +89,30 @@ namespace rope_detail {
 
 constexpr int kThreadsPerBlock = 256;
 
-template <typename T, bool kFp32Math>
-TK_DEVICE float rotate(float x, float partner_signed, float c, float s) {
-  if constexpr (kFp32Math) {
-    return __fadd_rn(__fmul_rn(x, c), __fmul_rn(partner_signed, s));
-  } else {
-    return __fadd_rn(round_through<T>(__fmul_rn(x, c)), round_through<T>(__fmul_rn(partner_signed, s)));
+// Rotates kPairs pairs (x1[i], x2[i]) into y1, y2: y1 = x1*c1 - x2*s1, y2 = x2*c2 + x1*s2, in fp32
+// with one rounding (kFp32Math), or as transformers' model-dtype code rounds each product and the
+// sum. Roundings go two per conversion instruction (y1 and y2 interleaved in one array).
+template <typename T, bool kFp32Math, int kPairs>
+TK_DEVICE void rotate_pairs(const float (&x1)[kPairs], const float (&x2)[kPairs], const float (&c1)[kPairs],
+                            const float (&c2)[kPairs], const float (&s1)[kPairs], const float (&s2)[kPairs],
+                            T (&y1)[kPairs], T (&y2)[kPairs]) {
+  float cos_terms[2 * kPairs], sin_terms[2 * kPairs];
+#pragma unroll
+  for (int i = 0; i < kPairs; ++i) {
+    cos_terms[2 * i] = __fmul_rn(x1[i], c1[i]), sin_terms[2 * i] = __fmul_rn(-x2[i], s1[i]);
+    cos_terms[2 * i + 1] = __fmul_rn(x2[i], c2[i]), sin_terms[2 * i + 1] = __fmul_rn(x1[i], s2[i]);
   }
+  if constexpr (!kFp32Math) {
+    round_through<T>(cos_terms);
+    round_through<T>(sin_terms);
+  }
+  float y[2 * kPairs];
+#pragma unroll
+  for (int i = 0; i < 2 * kPairs; ++i) y[i] = __fadd_rn(cos_terms[i], sin_terms[i]);
+  T rounded[2 * kPairs];
+  from_floats(y, rounded);
+#pragma unroll
+  for (int i = 0; i < kPairs; ++i) y1[i] = rounded[2 * i], y2[i] = rounded[2 * i + 1];
 }
 
 // One thread handles kPairs pairs per step; a row is one (token, head) of q or k.
@@ -185,11 +202,7 @@ __global__ void rope_kernel(const RopeParams<T, table_t> p) {
       }
     }
     T y1[kPairs], y2[kPairs];
-#pragma unroll
-    for (int i = 0; i < kPairs; ++i) {
-      y1[i] = from_float<T>(rotate<T, kFp32Math>(x1[i], -x2[i], c1[i], s1[i]));
-      y2[i] = from_float<T>(rotate<T, kFp32Math>(x2[i], x1[i], c2[i], s2[i]));
-    }
+    rotate_pairs<T, kFp32Math>(x1, x2, c1, c2, s1, s2, y1, y2);
     if constexpr (kPairs == 1) {
       out[first(j0)] = y1[0];
       out[second(j0)] = y2[0];
