@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "common/divmod.cuh"
 #include "common/math.cuh"
 
 namespace transformer_kernels {
@@ -37,6 +38,41 @@ struct RowIndexer {
     return true;
   }
 };
+
+// RowIndexer's addressing for row indices below kFastDivmodLimit with the divisions precomputed,
+// for kernels that locate a row per vector rather than per row (flat elementwise): there a 64-bit
+// division per dimension would cost more instructions than the access it addresses.
+struct FastRowIndexer {
+  int ndim = 1;                       // as RowIndexer
+  int64_t strides[kMaxRowDims] = {};  // [ndim], in elements
+  FastDivmod sizes[kMaxRowDims] = {};  // [ndim]; sizes[0] is never divided by (row < the row count)
+
+  TK_HOST_DEVICE int64_t offset(uint32_t row) const {
+    if (ndim == 1) return static_cast<int64_t>(row) * strides[0];
+    int64_t off = 0;
+#pragma unroll
+    for (int d = kMaxRowDims - 1; d >= 1; --d) {
+      if (d < ndim) {
+        uint32_t quotient, remainder;
+        sizes[d].divmod(row, &quotient, &remainder);
+        off += static_cast<int64_t>(remainder) * strides[d];
+        row = quotient;
+      }
+    }
+    return off + static_cast<int64_t>(row) * strides[0];
+  }
+};
+
+// Host-side, once per launch; valid when the row count (so every size) is below kFastDivmodLimit.
+inline FastRowIndexer make_fast_row_indexer(const RowIndexer& rows) {
+  FastRowIndexer fast;
+  fast.ndim = rows.ndim;
+  for (int d = 0; d < rows.ndim; ++d) {
+    fast.strides[d] = rows.strides[d];
+    if (d > 0) fast.sizes[d] = FastDivmod(static_cast<uint32_t>(rows.sizes[d]));
+  }
+  return fast;
+}
 
 // Builds the indexer for the leading `ndim` dimensions given by `sizes`/`strides`, merging
 // neighbours that are laid out as one (stride[i] == stride[i+1] * size[i+1]) and dropping
