@@ -180,7 +180,8 @@ def _(q, k, q_weight, k_weight, eps, cos, sin):
 
 @torch.library.register_fake(add_op_namespace_prefix("hf_qk_norm_rope_out"))
 def _(q_out, k_out, q, k, q_weight, k_weight, eps, cos, sin):
-    for out, name, x in ((q_out, "q_out", q), (k_out, "k_out", k)):
-        torch._check(out.shape == x.shape, lambda: f"hf_qk_norm_rope: {name} must have the shape {tuple(x.shape)}, "
-                                                   f"got {tuple(out.shape)}")
-        torch._check(out.dtype == q.dtype, lambda: f"hf_qk_norm_rope: {name} must have dtype {q.dtype}, got {out.dtype}")
+    for out, name, x in ((q_out, "q_out", q), (k_out, "k_out", k)):  # the checks the C++ op makes first
+        torch._check(out.shape == x.shape,
+                     lambda: f"hf_qk_norm_rope: {name} must have the shape {tuple(x.shape)}, got {tuple(out.shape)}")
+        torch._check(out.dtype == q.dtype,
+                     lambda: f"hf_qk_norm_rope: {name} must have dtype {q.dtype}, got {out.dtype}")
