@@ -27,6 +27,7 @@ from reference.rope import (  # noqa: E402
     diffusers_interleaved_rotary,
     diffusers_qk_norm_rope,
     hf_apply_rotary_pos_emb,
+    hf_qk_norm_rope,
     vllm_rotary_embedding_native,
 )
 from reference.norms import (  # noqa: E402
@@ -216,12 +217,35 @@ def hf_rope_case(tk, B: int, S: int, Hq: int, Hk: int, d: int, note: str) -> Cas
                 latency=S <= 4, note=note)
 
 
+def qwen3_qk_norm_rope_case(tk, B: int, S: int, Hq: int, Hk: int, d: int, note: str) -> Case:
+    """Qwen3's attention from the projections to the rotated q and k: q, k [B, S, H, d] views of one
+    fused projection, per-head q_norm/k_norm then apply_rotary_pos_emb with bf16 cos/sin [B, S, d]."""
+    bf16 = dict(device="cuda", dtype=torch.bfloat16)
+    eps = 1e-6
+    qkv = torch.randn(B, S, (Hq + 2 * Hk) * d, **bf16)
+    q = qkv[..., : Hq * d].unflatten(-1, (Hq, d))
+    k = qkv[..., Hq * d: (Hq + Hk) * d].unflatten(-1, (Hk, d))
+    wq, wk = ((torch.rand(d, device="cuda") + 0.5).to(torch.bfloat16) for _ in range(2))
+    angles = torch.randint(0, 32768, (B, S, 1), device="cuda").float() * torch.rand(d // 2, device="cuda")
+    cos, sin = (torch.cat((f, f), -1).to(torch.bfloat16) for f in (angles.cos(), angles.sin()))
+    impls = with_baselines(lambda: tk.qwen3_qk_norm_rope(q, k, wq, wk, eps, cos, sin),
+                           lambda q, k, c, s: hf_qk_norm_rope(q, k, wq, wk, eps, c, s), (q, k, cos, sin))
+    # our two kernels one after the other: per-head rms_norm of q and of k, then the rotation of both
+    impls["ours unfused"] = lambda: tk.apply_rotary_pos_emb(tk.rms_norm(q, wq, eps).transpose(1, 2),
+                                                            tk.rms_norm(k, wk, eps).transpose(1, 2), cos, sin)
+    return Case("qk_norm_rope (qwen3)", f"{B}x{S} q{Hq} k{Hk} d{d}", "bfloat16",
+                2 * nbytes(q, k) + nbytes(cos, sin, wq, wk), impls, latency=S <= 4, note=note)
+
+
 def rope_cases(tk, quick: bool) -> Iterator[Case]:
     bf16 = dict(device="cuda", dtype=torch.bfloat16)
     yield hf_rope_case(tk, 1, 1, 32, 8, 128, "Llama-3.1-8B decode, 1 token")
     yield hf_rope_case(tk, 1, 4096, 32, 8, 128, "Llama-3.1-8B prefill 4096")
+    yield qwen3_qk_norm_rope_case(tk, 1, 4096, 32, 8, 128, "Qwen3-8B prefill 4096 (eager: q_norm, k_norm, then "
+                                  "apply_rotary_pos_emb)")
     if quick:
         return
+    yield qwen3_qk_norm_rope_case(tk, 1, 1, 32, 8, 128, "Qwen3-8B decode, 1 token")
     yield hf_rope_case(tk, 4, 4096, 32, 8, 128, "Llama-3.1-8B prefill 4x4096")
     # vLLM's form: positions into a cos/sin cache, in place on views of the fused QKV projection
     T, Hq, Hk, d = 16384, 32, 8, 128

@@ -1,10 +1,12 @@
 """What both integrations share: a table of rules, the forward swap, and the report.
 
 A rule matches modules by class name (so ``diffusers.models.normalization.RMSNorm`` and
-``torch.nn.RMSNorm`` are both found, and one table serves Llama, Mistral and Qwen). Rules for a
-containing module claim the children they fuse (an LTX block claims its norm1/norm2), so nothing is
-patched twice. Patching replaces the instance's ``forward``, or, under an accelerate hook, the
-``_old_forward`` the hook calls, so the hook survives. Weights are read at call time, never cached.
+``torch.nn.RMSNorm`` are both found, and one table serves Llama, Mistral and Qwen). The first
+matching rule that does not skip a module patches it (a specific rule can sit before a general one
+that takes what it leaves). Rules for a containing module claim the children they fuse (an LTX
+block claims its norm1/norm2), so nothing is patched twice. Patching replaces the instance's
+``forward``, or, under an accelerate hook, the ``_old_forward`` the hook calls, so the hook
+survives. Weights are read at call time, never cached.
 """
 
 from __future__ import annotations
@@ -73,14 +75,19 @@ def apply_rules(models: Iterable[tuple[str, torch.nn.Module]], rules: Iterable[R
         claimed: set[int] = set()
         for path, module in model.named_modules(prefix=prefix):
             name = type(module).__name__
-            rule = next((r for r in rules if r.matches(name)), None)
-            if rule is None or id(module) in claimed:
+            if id(module) in claimed:
                 continue
-            reason = rule.skip(module)
-            if reason is not None:
-                report.left[path or name] = reason
-                continue
-            rule.patch(module, tk)
-            report.replaced[rule.kind] = report.replaced.get(rule.kind, 0) + 1
-            claimed.update(id(getattr(module, child)) for child in rule.claims if hasattr(module, child))
+            reasons = []
+            for rule in (r for r in rules if r.matches(name)):
+                reason = rule.skip(module)
+                if reason is not None:
+                    reasons.append(reason)
+                    continue
+                rule.patch(module, tk)
+                report.replaced[rule.kind] = report.replaced.get(rule.kind, 0) + 1
+                claimed.update(id(getattr(module, child)) for child in rule.claims if hasattr(module, child))
+                break
+            else:
+                if reasons:
+                    report.left[path or name] = "; ".join(reasons)
     return report

@@ -8,8 +8,12 @@ Mistral, Qwen2 and Qwen3 share one table):
 - ``*MLP`` with ``gate_proj``/``up_proj``/``down_proj`` and a SiLU ``act_fn``: ``act_mul`` between
   the projections (one kernel for ``act_fn(gate) * up``).
 - ``*RMSNorm`` with ``variance_epsilon``: the Hub ``RMSNorm`` layer's forward (transformers'
-  rounding) for the remaining input norms, Qwen3's per-head q/k norms and the final norm.
-
+  rounding) for the remaining input norms and the final norm.
+- ``Qwen3Attention``/``Qwen3MoeAttention`` with per-head ``q_norm``/``k_norm``: the attention forward
+  runs the two norms and the rotation as one kernel (``qwen3_qk_norm_rope``, transformers' rounding)
+  and goes on as transformers' does (cache update, the ``ALL_ATTENTION_FUNCTIONS`` interface, o_proj);
+  claims q_norm and k_norm. Tensors the kernel does not take (CPU, mixed dtypes, autocast) run
+  transformers' own forward. A module this rule skips falls to the next.
 - ``*Attention``: the modeling module's ``apply_rotary_pos_emb`` becomes ours (q and k in one launch).
   The attention forward looks that function up by global name, so the swap applies to every model
   of that modeling module in the process (as Liger's patching does); CPU tensors still take
@@ -28,11 +32,19 @@ from typing import Callable
 import torch
 
 from .loading import REPO_ID, load_kernel
-from .patching import InjectionReport, Rule, apply_rules, forward_from, layer_forward, suffixed
+from .patching import InjectionReport, Rule, apply_rules, forward_from, layer_forward, named, set_forward, suffixed
 
 # transformers' hub layer names -> our layers, for kernels.use_kernel_mapping + kernelize (the Hub
 # path). revision="v1" names the branch version=1 resolves to, which also works offline with
 # LOCAL_KERNELS (kernels 0.17 resolves version= on the Hub even then).
+# Devices whose tensors go to the kernels; elsewhere (CPU) transformers' own code runs. Tests widen
+# it to run reference stand-ins for the kernels through the patched forwards on CPU.
+KERNEL_DEVICES = ("cuda",)
+
+# Attention classes whose forward is Qwen3's (q_norm/k_norm per head before the transpose, then
+# apply_rotary_pos_emb): checked against the installed transformers' source.
+QWEN3_ATTENTIONS = ("Qwen3Attention", "Qwen3MoeAttention")
+
 HUB_LAYERS = {"RMSNorm": "RMSNorm", "rotary_pos_emb": "RotaryPosEmb", "SiLU": "Silu", "GeluTanh": "GeluTanh"}
 
 
@@ -81,6 +93,71 @@ def _mlp_skip(m) -> str | None:
     return None if is_silu else f"activation {type(act).__name__} is not SiLU"
 
 
+def _on_kernel_device(t: torch.Tensor) -> bool:
+    return t.device.type in KERNEL_DEVICES
+
+
+def _patch_qwen3_attention(module: torch.nn.Module, tk: ModuleType) -> None:
+    modeling = sys.modules[type(module).__module__]
+    original = type(module).forward
+
+    # Arguments after position_embeddings pass through by keyword, as the decoder layer gives them;
+    # the cache keyword was renamed (past_key_values -> cache), so either is taken.
+    def forward(self, hidden_states, position_embeddings, attention_mask=None, **kwargs):
+        cos, sin = position_embeddings
+        q_norm, k_norm = self.q_norm, self.k_norm
+        dtype = hidden_states.dtype
+        if not (_on_kernel_device(hidden_states) and q_norm.weight.dtype == dtype and k_norm.weight.dtype == dtype
+                and cos.dtype == dtype and not torch.is_autocast_enabled(hidden_states.device.type)):
+            # transformers' own forward for other devices, autocast and mixed dtypes (an fp32 norm
+            # weight makes eager's q fp32; the kernel keeps q's dtype)
+            return original(self, hidden_states, position_embeddings, attention_mask, **kwargs)
+        input_shape = hidden_states.shape[:-1]
+        hidden_shape = (*input_shape, -1, self.head_dim)
+        query_states, key_states = tk.qwen3_qk_norm_rope(
+            self.q_proj(hidden_states).view(hidden_shape), self.k_proj(hidden_states).view(hidden_shape),
+            q_norm.weight, k_norm.weight, q_norm.variance_epsilon, cos, sin)
+        query_states, key_states = query_states.transpose(1, 2), key_states.transpose(1, 2)
+        value_states = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+
+        cache = kwargs.pop("cache", None)
+        if cache is None:
+            cache = kwargs.pop("past_key_values", None)
+        if cache is not None:
+            key_states, value_states = cache.update(key_states, value_states, self.layer_idx, kwargs=kwargs)
+        attention_interface = modeling.ALL_ATTENTION_FUNCTIONS.get_interface(
+            self.config._attn_implementation, modeling.eager_attention_forward)
+        attn_output, attn_weights = attention_interface(
+            self, query_states, key_states, value_states, attention_mask,
+            dropout=0.0 if not self.training else self.attention_dropout, scaling=self.scaling,
+            sliding_window=getattr(self, "sliding_window", None), **kwargs)
+        attn_output = attn_output.reshape(*input_shape, -1).contiguous()
+        return self.o_proj(attn_output), attn_weights
+
+    set_forward(module, forward)
+
+
+def _qwen3_attention_skip(m) -> str | None:
+    needed = ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm", "head_dim", "layer_idx", "scaling", "config")
+    missing = [a for a in needed if not hasattr(m, a)]
+    if missing:
+        return f"not Qwen3's attention (no {', '.join(missing)})"
+    for norm in (m.q_norm, m.k_norm):
+        if not hasattr(norm, "variance_epsilon") or getattr(norm, "weight", None) is None:
+            return f"q/k norm {type(norm).__name__} is not a transformers RMSNorm with a weight"
+        if tuple(norm.weight.shape) != (m.head_dim,):
+            return f"q/k norms are not per head (weight {tuple(norm.weight.shape)}, head_dim {m.head_dim})"
+    if m.q_norm.variance_epsilon != m.k_norm.variance_epsilon:
+        return f"q_norm and k_norm have different eps ({m.q_norm.variance_epsilon}, {m.k_norm.variance_epsilon})"
+    if m.head_dim % 2:
+        return f"odd head_dim {m.head_dim}: RoPE rotates pairs"
+    modeling = sys.modules.get(type(m).__module__)
+    if not (hasattr(modeling, "eager_attention_forward")
+            and hasattr(getattr(modeling, "ALL_ATTENTION_FUNCTIONS", None), "get_interface")):
+        return "its modeling module has no eager_attention_forward or ALL_ATTENTION_FUNCTIONS.get_interface"
+    return None
+
+
 def _patch_rotary(module: torch.nn.Module, tk: ModuleType) -> None:
     # The attention forward calls its modeling module's apply_rotary_pos_emb by global name, so the
     # swap is per modeling module (as Liger does it): every model of that class in the process gets
@@ -89,7 +166,7 @@ def _patch_rotary(module: torch.nn.Module, tk: ModuleType) -> None:
     original = getattr(modeling.apply_rotary_pos_emb, "_transformers_original", modeling.apply_rotary_pos_emb)
 
     def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
-        if q.is_cuda:
+        if _on_kernel_device(q):
             return tk.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim)
         return original(q, k, cos, sin, unsqueeze_dim)
 
@@ -105,6 +182,8 @@ def _rotary_skip(m) -> str | None:
 RULES: tuple[Rule, ...] = (
     Rule("decoder_layer", suffixed("DecoderLayer"), forward_from(_decoder_layer_forward),
          claims=("post_attention_layernorm",), skip=_decoder_skip),
+    Rule("qk_norm_rope", named(*QWEN3_ATTENTIONS), _patch_qwen3_attention, claims=("q_norm", "k_norm"),
+         skip=_qwen3_attention_skip),
     Rule("rope", suffixed("Attention"), _patch_rotary, skip=_rotary_skip),
     Rule("mlp", suffixed("MLP"), forward_from(_mlp_forward), skip=_mlp_skip),
     Rule("rms_norm", suffixed("RMSNorm"), layer_forward("RMSNorm"),

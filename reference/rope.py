@@ -2,6 +2,8 @@
 
 import torch
 
+from .norms import hf_rms_norm, rms_norm_float64
+
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     """transformers' ``rotate_half``."""
@@ -20,6 +22,21 @@ def hf_apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
         return torch.cat(((x_rot * cos) + (rotate_half(x_rot) * sin), x_pass), dim=-1)
 
     return apply(q), apply(k)
+
+
+def hf_qk_norm_rope(q, k, q_weight, k_weight, eps, cos, sin):
+    """transformers' Qwen3 attention from the projections to the rotated q and k: ``q_norm``/``k_norm``
+    (``Qwen3RMSNorm`` per head) on q ``[B, S, Hq, d]`` and k ``[B, S, Hk, d]``, the transpose, then
+    ``apply_rotary_pos_emb``; returned as ``[B, S, H, d]`` (the layout before the transpose)."""
+    q_heads = hf_rms_norm(q, q_weight, eps).transpose(1, 2)
+    k_heads = hf_rms_norm(k, k_weight, eps).transpose(1, 2)
+    q_out, k_out = hf_apply_rotary_pos_emb(q_heads, k_heads, cos, sin)
+    return q_out.transpose(1, 2), k_out.transpose(1, 2)
+
+
+def hf_qk_norm_rope_float64(x, weight, eps, cos, sin):
+    """The same for one of q, k ``[B, S, H, d]`` in float64; cos/sin ``[B or 1, S, d]``."""
+    return rotary_float64(rms_norm_float64(x, weight, eps), cos.unsqueeze(2), sin.unsqueeze(2), "neox")
 
 
 def diffusers_interleaved_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -63,7 +63,8 @@ def test_loads_through_get_local_kernel_and_local_kernels(tk, variant_dir):
     for op in ("rms_norm", "rms_norm_out", "fused_add_rms_norm", "fused_add_rms_norm_out", "fused_add_rms_norm_",
                "layer_norm", "layer_norm_out", "norm_modulate", "norm_modulate_out", "gated_add_norm_modulate",
                "gated_add_norm_modulate_out", "activation", "activation_out", "act_and_mul", "act_and_mul_out",
-               "act_mul", "act_mul_out", "gated_add", "gated_add_out", "rope", "rope_", "rope_cached_", "qk_norm_rope"):
+               "act_mul", "act_mul_out", "gated_add", "gated_add_out", "rope", "rope_", "rope_cached_", "qk_norm_rope",
+               "hf_qk_norm_rope", "hf_qk_norm_rope_out"):
         assert hasattr(getattr(torch.ops, meta["id"]), op)
     assert tk.add_op_namespace_prefix("rms_norm") == f"{meta['id']}::rms_norm"
     assert set(tk.__all__) >= {"rms_norm", "layers", "ops"}
@@ -112,6 +113,13 @@ def test_every_op_traces_on_meta(tk):
     positions = torch.empty(9, device="meta", dtype=torch.long)
     assert tk.rotary_embedding(positions, qt, kt, 128, torch.empty(64, 128, **meta))[0] is qt
     assert tk.ltx_qk_norm_rope(x, r, w, w, 1e-6, x.float(), x.float())[1].shape == r.shape
+    wd = torch.empty(128, **meta)
+    q_out, k_out = tk.qwen3_qk_norm_rope(q, k, wd, wd, 1e-6, cos, cos)
+    assert q_out.shape == q.shape and k_out.shape == k.shape and q_out.is_contiguous()
+    outs = (torch.empty(2, 8, 9, 128, **meta), torch.empty(2, 2, 9, 128, **meta))
+    assert tk.qwen3_qk_norm_rope(q, k, wd, wd, 1e-6, cos, cos, out=outs) == outs
+    with pytest.raises(Exception, match="k_out must have the shape"):
+        tk.qwen3_qk_norm_rope(q, k, wd, wd, 1e-6, cos, cos, out=(outs[0], outs[0]))
 
 
 def test_fake_impl_rejects_bad_out(tk):

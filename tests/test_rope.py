@@ -1,17 +1,29 @@
 """Rotary embeddings: transformers' apply_rotary_pos_emb (NeoX, strided q/k from a fused QKV,
-GQA, partial rotary, in place), LTX-Video's and Flux's interleaved fp32 forms; float64 accuracy,
-parity with the libraries' eager code, bad inputs, opcheck, torch.compile."""
+GQA, partial rotary, in place), LTX-Video's and Flux's interleaved fp32 forms, the fused q/k norm +
+RoPE of LTX-Video, Flux and Qwen3; float64 accuracy, parity with the libraries' eager code, bad
+inputs, opcheck, torch.compile."""
 
 import math
 
 import pytest
 import torch
 
-from helpers import DTYPES, assert_matches_eager, assert_rejects, assert_within, random_input
+from helpers import (
+    DTYPES,
+    assert_all_written,
+    assert_matches_eager,
+    assert_rejects,
+    assert_within,
+    poisoned,
+    random_input,
+)
+from reference.norms import rms_norm_float64
 from reference.rope import (
     diffusers_interleaved_rotary,
     diffusers_qk_norm_rope,
     hf_apply_rotary_pos_emb,
+    hf_qk_norm_rope,
+    hf_qk_norm_rope_float64,
     rotary_float64,
     vllm_rotary_embedding_native,
 )
@@ -260,6 +272,132 @@ def test_qk_norm_rope_empty_opcheck_and_compile(tk):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
+QWEN3_THETA = 1000000.0  # Qwen3's rope_theta
+
+
+def qwen3_qk(B, S, Hq, Hk, d, dtype, offset=0, make=random_input):
+    """q [B, S, Hq, d], k [B, S, Hk, d] as Qwen3's attention views its projections before the
+    norms, here views of one fused QKV projection; `offset` elements into the buffer misaligns
+    every pointer and row stride (the element-by-element path)."""
+    qkv = make((B, S, offset + (Hq + 2 * Hk) * d), dtype)[..., offset:]
+    return qkv[..., : Hq * d].unflatten(-1, (Hq, d)), qkv[..., Hq * d: (Hq + Hk) * d].unflatten(-1, (Hk, d))
+
+
+def norm_weight(d, dtype):
+    return (torch.rand(d, device="cuda") + 0.5).to(dtype)  # not ones: a dropped weight would show
+
+
+def check_hf_qk_norm_rope(ours, x, weight, eps, cos, sin, eager):
+    """float64 bound and eager parity of one of q, k ([B, S, H, d]); cos/sin [B or 1, S, d]."""
+    assert ours.shape == x.shape and ours.dtype == x.dtype
+    c, s = cos.unsqueeze(2), sin.unsqueeze(2)
+    mag = rope_magnitude(rms_norm_float64(x, weight, eps), c, s, "neox")
+    # five roundings on the way: x * inv_rms, weight * that, n * cos, rotate_half(n) * sin, the sum
+    assert_within(ours, hf_qk_norm_rope_float64(x, weight, eps, cos, sin), mag, 4.5, "hf_qk_norm_rope vs float64")
+    # Eager rounds at the same points; only inv_rms may differ in its last bit (the fp32 sum of
+    # squares is added in another order), and a flipped rounding of x * inv_rms grows through the
+    # chain to at most 8 u of the magnitude: 2 ulp after the weight, then each product and the sum.
+    assert_matches_eager(ours, eager, mag, 8)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("heads", [(32, 8), (7, 1), (5, 3)], ids=["gqa_32_8", "odd_7_1", "odd_5_3"])
+@pytest.mark.parametrize("shared_tables", [False, True], ids=["tables_per_batch", "tables_shared"])
+def test_qwen3_qk_norm_rope(tk, dtype, d, heads, shared_tables):
+    B, S, eps = 2, 37, 1e-6
+    q, k = qwen3_qk(B, S, *heads, d, dtype)
+    q0, k0 = q.clone(), k.clone()
+    wq, wk = norm_weight(d, dtype), norm_weight(d, dtype)
+    cos, sin = hf_cos_sin(1 if shared_tables else B, S, d, dtype, QWEN3_THETA)  # random, non-monotonic positions
+    q_out, k_out = tk.qwen3_qk_norm_rope(q, k, wq, wk, eps, cos, sin)
+    assert q_out.is_contiguous() and k_out.is_contiguous()
+    q_eager, k_eager = hf_qk_norm_rope(q, k, wq, wk, eps, cos, sin)
+    check_hf_qk_norm_rope(q_out, q, wq, eps, cos, sin, q_eager)
+    check_hf_qk_norm_rope(k_out, k, wk, eps, cos, sin, k_eager)
+    assert torch.equal(q, q0) and torch.equal(k, k0), "the inputs changed"
+    # out= form into NaN-poisoned outputs: every element written, the same bits
+    outs = poisoned(q.shape, dtype), poisoned(k.shape, dtype)
+    assert tk.qwen3_qk_norm_rope(q, k, wq, wk, eps, cos, sin, out=outs) == outs
+    assert_all_written(*outs)
+    assert torch.equal(outs[0], q_out) and torch.equal(outs[1], k_out)
+
+
+def exact_square_sums(shape, dtype, device="cuda"):
+    """Values m/16 with 1 <= |m| <= 64, exact in every dtype, whose squares add up exactly in fp32 in
+    any order (multiples of 2^-8 below 2^12 for rows up to 256): inv_rms is then the eager one, and
+    so is every rounding after it."""
+    m = torch.randint(1, 65, shape, device=device) * (torch.randint(0, 2, shape, device=device) * 2 - 1)
+    return (m.float() / 16).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("offset", [0, 1], ids=["vectors", "elements"])
+def test_qwen3_qk_norm_rope_equals_eager_bit_for_bit(tk, dtype, d, offset):
+    """Where the sum of squares cannot round differently, the result is eager's, bit for bit."""
+    B, S, Hq, Hk, eps = 2, 19, 6, 2, 1e-6
+    q, k = qwen3_qk(B, S, Hq, Hk, d, dtype, offset, make=exact_square_sums)
+    wq, wk = norm_weight(d, dtype), norm_weight(d, dtype)
+    cos, sin = hf_cos_sin(B, S, d, dtype, QWEN3_THETA)
+    for ours, eager in zip(tk.qwen3_qk_norm_rope(q, k, wq, wk, eps, cos, sin),
+                           hf_qk_norm_rope(q, k, wq, wk, eps, cos, sin)):
+        assert torch.equal(ours, eager), f"{(ours != eager).sum().item()} elements differ from eager"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("d", [2, 18, 40, 72, 512, 1024, 4096])  # every lane-group width, odd half widths
+@pytest.mark.parametrize("offset", [0, 1], ids=["aligned", "unaligned"])
+def test_qwen3_qk_norm_rope_widths_and_layouts(tk, dtype, d, offset):
+    """Head widths from one pair to the widest the element-by-element path holds, misaligned
+    pointers, tables that are strided views, and outputs written straight into the [B, H, S, d]
+    layout the attention takes."""
+    B, S, Hq, Hk, eps = 2, 5, 3, 1, 1e-5
+    q, k = qwen3_qk(B, S, Hq, Hk, d, dtype, offset)
+    wq, wk = norm_weight(d, dtype), norm_weight(d, dtype)
+    cos_full, sin_full = hf_cos_sin(B, S + 1, d, dtype, QWEN3_THETA)
+    cos, sin = cos_full[:, 1:], sin_full[:, 1:]  # leading strides of an [B, S + 1, d] table
+    outs = (poisoned((B, Hq, S, d), dtype).transpose(1, 2), poisoned((B, Hk, S, d), dtype).transpose(1, 2))
+    tk.qwen3_qk_norm_rope(q, k, wq, wk, eps, cos, sin, out=outs)
+    assert_all_written(*outs)
+    q_eager, k_eager = hf_qk_norm_rope(q, k, wq, wk, eps, cos, sin)
+    check_hf_qk_norm_rope(outs[0], q, wq, eps, cos, sin, q_eager)
+    check_hf_qk_norm_rope(outs[1], k, wk, eps, cos, sin, k_eager)
+
+
+def test_qwen3_qk_norm_rope_empty(tk):
+    d = 128
+    w = norm_weight(d, torch.bfloat16)
+    for B, S, Hq, Hk in ((2, 0, 4, 2), (0, 3, 4, 2)):
+        q, k = qwen3_qk(B, S, Hq, Hk, d, torch.bfloat16)
+        cos, sin = hf_cos_sin(B, S, d, torch.bfloat16)
+        q_out, k_out = tk.qwen3_qk_norm_rope(q, k, w, w, 1e-6, cos, sin)
+        assert q_out.shape == q.shape and k_out.shape == k.shape
+    # no k heads: q's rows are still all done
+    q, k = qwen3_qk(2, 3, 4, 0, d, torch.bfloat16)
+    cos, sin = hf_cos_sin(2, 3, d, torch.bfloat16)
+    q_out, k_out = tk.qwen3_qk_norm_rope(q, k, w, w, 1e-6, cos, sin)
+    assert k_out.shape == k.shape
+    check_hf_qk_norm_rope(q_out, q, w, 1e-6, cos, sin, hf_qk_norm_rope(q, k, w, w, 1e-6, cos, sin)[0])
+
+
+def test_qwen3_qk_norm_rope_opcheck_and_compile(tk):
+    q, k = qwen3_qk(2, 8, 4, 2, 128, torch.bfloat16)
+    wq, wk = norm_weight(128, torch.bfloat16), norm_weight(128, torch.bfloat16)
+    cos, sin = hf_cos_sin(2, 8, 128, torch.bfloat16, QWEN3_THETA)
+    torch.library.opcheck(tk.ops.hf_qk_norm_rope.default, (q, k, wq, wk, 1e-6, cos, sin))
+    outs = (poisoned(q.shape, torch.bfloat16), poisoned(k.shape, torch.bfloat16))
+    torch.library.opcheck(tk.ops.hf_qk_norm_rope_out.default, (*outs, q, k, wq, wk, 1e-6, cos, sin))
+    torch._dynamo.reset()
+
+    def attention_inputs(q, k):  # as Qwen3's attention uses it: the [B, H, S, d] views
+        q, k = tk.qwen3_qk_norm_rope(q, k, wq, wk, 1e-6, cos, sin)
+        return q.transpose(1, 2), k.transpose(1, 2)
+
+    for a, b in zip(torch.compile(attention_inputs, fullgraph=True)(q, k), attention_inputs(q, k)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
 def _bf(*shape):
     return torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
 
@@ -324,6 +462,68 @@ BAD = {
     "qk_norm_rope_eps": (lambda t: t.ltx_qk_norm_rope(_bf(1, 4, 64), _bf(1, 4, 64), _bf(64), _bf(64), -1.0,
                                                       _bf(1, 4, 64).float(), _bf(1, 4, 64).float()),
                          ValueError, "eps must be"),
+    "qwen3_fp32_tables": (lambda t: t.qwen3_qk_norm_rope(_bf(1, 4, 2, 64), _bf(1, 4, 1, 64), _bf(64), _bf(64), 1e-6,
+                                                          _bf(1, 4, 64).float(), _bf(1, 4, 64).float()),
+                          TypeError, "cos must have dtype"),
+    "qwen3_fp32_weight": (lambda t: t.qwen3_qk_norm_rope(_bf(1, 4, 2, 64), _bf(1, 4, 1, 64), _bf(64).float(),
+                                                          _bf(64).float(), 1e-6, _bf(1, 4, 64), _bf(1, 4, 64)),
+                          TypeError, "q_weight must have dtype"),
+    "qwen3_k_dtype": (lambda t: t.qwen3_qk_norm_rope(_bf(1, 4, 2, 64), _bf(1, 4, 1, 64).half(), _bf(64), _bf(64), 1e-6,
+                                                      _bf(1, 4, 64), _bf(1, 4, 64)),
+                      TypeError, "k must have dtype"),
+    "qwen3_int_q": (lambda t: t.qwen3_qk_norm_rope(torch.ones(1, 4, 2, 64, dtype=torch.int32, device="cuda"),
+                                                    _bf(1, 4, 1, 64), _bf(64), _bf(64), 1e-6, _bf(1, 4, 64),
+                                                    _bf(1, 4, 64)),
+                    TypeError, "q must be float32, float16 or bfloat16"),
+    "qwen3_k_seq_len": (lambda t: t.qwen3_qk_norm_rope(_bf(1, 4, 2, 64), _bf(1, 5, 1, 64), _bf(64), _bf(64), 1e-6,
+                                                        _bf(1, 4, 64), _bf(1, 4, 64)),
+                        ValueError, "k must be"),
+    "qwen3_q_last_dim_strided": (lambda t: t.qwen3_qk_norm_rope(_bf(1, 4, 64, 2).transpose(-1, -2), _bf(1, 4, 1, 64),
+                                                                 _bf(64), _bf(64), 1e-6, _bf(1, 4, 64), _bf(1, 4, 64)),
+                                 ValueError, "q must be contiguous in its last dimension"),
+    "qwen3_table_width": (lambda t: t.qwen3_qk_norm_rope(_bf(1, 4, 2, 64), _bf(1, 4, 1, 64), _bf(64), _bf(64), 1e-6,
+                                                          _bf(1, 4, 32), _bf(1, 4, 32)),
+                          ValueError, "cos must cover"),
+    "qwen3_table_seq_len": (lambda t: t.qwen3_qk_norm_rope(_bf(1, 4, 2, 64), _bf(1, 4, 1, 64), _bf(64), _bf(64), 1e-6,
+                                                            _bf(1, 5, 64), _bf(1, 5, 64)),
+                            ValueError, "cos must be"),
+    "qwen3_sin_shape": (lambda t: t.qwen3_qk_norm_rope(_bf(2, 4, 2, 64), _bf(2, 4, 1, 64), _bf(64), _bf(64), 1e-6,
+                                                        _bf(1, 4, 64), _bf(2, 4, 64)),
+                        ValueError, "sin must have the shape of cos"),
+    "qwen3_odd_width": (lambda t: t.qwen3_qk_norm_rope(_bf(1, 4, 2, 63), _bf(1, 4, 1, 63), _bf(63), _bf(63), 1e-6,
+                                                        _bf(1, 4, 63), _bf(1, 4, 63)),
+                        ValueError, "must be even"),
+    "qwen3_weight_size": (lambda t: t.qwen3_qk_norm_rope(_bf(1, 4, 2, 64), _bf(1, 4, 1, 64), _bf(64), _bf(128),
+                                                          1e-6, _bf(1, 4, 64), _bf(1, 4, 64)),
+                          ValueError, "k_weight must be a contiguous"),
+    "qwen3_eps": (lambda t: t.qwen3_qk_norm_rope(_bf(1, 4, 2, 64), _bf(1, 4, 1, 64), _bf(64), _bf(64), float("nan"),
+                                                  _bf(1, 4, 64), _bf(1, 4, 64)),
+                  ValueError, "eps must be"),
+    "qwen3_too_wide_unaligned": (lambda t: (lambda x: t.qwen3_qk_norm_rope(
+        x[..., 1:4099].unflatten(-1, (1, 4098)), x[..., 4099:].unflatten(-1, (1, 4098)), _bf(4098), _bf(4098), 1e-6,
+        _bf(1, 1, 4098), _bf(1, 1, 4098)))(_bf(1, 1, 8197)),
+        ValueError, r"rows of more than 4096 elements"),
+    "qwen3_out_shape": (lambda t: t.qwen3_qk_norm_rope(_bf(1, 4, 2, 64), _bf(1, 4, 1, 64), _bf(64), _bf(64), 1e-6,
+                                                        _bf(1, 4, 64), _bf(1, 4, 64), out=(_bf(1, 4, 1, 64),
+                                                                                           _bf(1, 4, 1, 64))),
+                        ValueError, "q_out must have the shape"),
+    "qwen3_out_dtype": (lambda t: t.qwen3_qk_norm_rope(_bf(1, 4, 2, 64), _bf(1, 4, 1, 64), _bf(64), _bf(64), 1e-6,
+                                                        _bf(1, 4, 64), _bf(1, 4, 64), out=(_bf(1, 4, 2, 64),
+                                                                                           _bf(1, 4, 1, 64).float())),
+                        TypeError, "k_out must have dtype"),
+    "qwen3_out_is_input": (lambda t: (lambda q, k: t.qwen3_qk_norm_rope(q, k, _bf(64), _bf(64), 1e-6, _bf(1, 4, 64),
+                                                                        _bf(1, 4, 64), out=(q, k)))(
+        _bf(1, 4, 2, 64), _bf(1, 4, 1, 64)), ValueError, "q_out must not share memory with q"),
+    "qwen3_outs_overlap": (lambda t: (lambda o: t.qwen3_qk_norm_rope(_bf(1, 4, 2, 64), _bf(1, 4, 2, 64), _bf(64),
+                                                                     _bf(64), 1e-6, _bf(1, 4, 64), _bf(1, 4, 64),
+                                                                     out=(o, o)))(_bf(1, 4, 2, 64)),
+                           ValueError, "k_out must not share memory with q_out"),
+    "qwen3_out_not_a_pair": (lambda t: t.qwen3_qk_norm_rope(_bf(1, 4, 2, 64), _bf(1, 4, 1, 64), _bf(64), _bf(64), 1e-6,
+                                                             _bf(1, 4, 64), _bf(1, 4, 64), out=_bf(1, 4, 2, 64)),
+                             TypeError, r"out must be a \(q_out, k_out\) pair"),
+    "qwen3_cpu": (lambda t: t.qwen3_qk_norm_rope(torch.randn(1, 4, 2, 64), torch.randn(1, 4, 1, 64), torch.randn(64),
+                                                  torch.randn(64), 1e-6, torch.randn(1, 4, 64), torch.randn(1, 4, 64)),
+                  ValueError, "hf_qk_norm_rope: q must be a CUDA tensor"),
     "cpu": (lambda t: t.apply_rotary_pos_emb(torch.randn(1, 2, 4, 64), torch.randn(1, 2, 4, 64),
                                              torch.randn(1, 4, 64), torch.randn(1, 4, 64)), ValueError,
             "q must be a CUDA tensor"),

@@ -51,12 +51,18 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   ops.def("rope(Tensor q, Tensor k, Tensor cos, Tensor sin, str style, bool fp32_math) -> (Tensor, Tensor)");
   ops.def("rope_(Tensor(a!) q, Tensor(b!) k, Tensor cos, Tensor sin, str style, bool fp32_math) -> ()");
   // vLLM's form, in place: query [T, Hq*d], key [T, Hk*d], positions [T] into cos_sin_cache [P, R].
+  ops.def("rope_cached_(Tensor positions, Tensor(a!) query, Tensor(b!) key, int head_size, Tensor cos_sin_cache, "
+          "str style) -> ()");
   // RMSNorm (torch.nn.RMSNorm's rounding) of q [B, S, Gq, L] and k [B, S, Gk, L] over L, then
   // interleaved RoPE with fp32 tables: LTX-Video (G = 1, L = all heads) and Flux (per head).
   ops.def("qk_norm_rope(Tensor q, Tensor k, Tensor q_weight, Tensor k_weight, float eps, Tensor cos, Tensor sin) "
           "-> (Tensor, Tensor)");
-  ops.def("rope_cached_(Tensor positions, Tensor(a!) query, Tensor(b!) key, int head_size, Tensor cos_sin_cache, "
-          "str style) -> ()");
+  // Qwen3's per-head q_norm/k_norm (Qwen3RMSNorm) then NeoX RoPE with model-dtype tables, rounded
+  // as transformers' eager code: q [B, S, Hq, d], k [B, S, Hk, d] -> new [B, S, H, d] (or into q_out, k_out).
+  ops.def("hf_qk_norm_rope(Tensor q, Tensor k, Tensor q_weight, Tensor k_weight, float eps, Tensor cos, Tensor sin) "
+          "-> (Tensor, Tensor)");
+  ops.def("hf_qk_norm_rope_out(Tensor! q_out, Tensor! k_out, Tensor q, Tensor k, Tensor q_weight, Tensor k_weight, "
+          "float eps, Tensor cos, Tensor sin) -> ()");
 
   // Every op is registered for CPU too, with the same entry point: CPU tensors then fail with a
   // clear "must be a CUDA tensor" instead of the dispatcher's "no kernel for CPU".
@@ -84,6 +90,8 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
     ops.impl("rope_", key, &tk::rope_);
     ops.impl("rope_cached_", key, &tk::rope_cached_);
     ops.impl("qk_norm_rope", key, &tk::qk_norm_rope);
+    ops.impl("hf_qk_norm_rope", key, &tk::hf_qk_norm_rope);
+    ops.impl("hf_qk_norm_rope_out", key, &tk::hf_qk_norm_rope_out);
   }
 }
 

@@ -74,6 +74,16 @@ void rope_(torch::Tensor& q, torch::Tensor& k, const torch::Tensor& cos, const t
 std::tuple<torch::Tensor, torch::Tensor> qk_norm_rope(const torch::Tensor& q, const torch::Tensor& k,
                                                       const torch::Tensor& q_weight, const torch::Tensor& k_weight,
                                                       double eps, const torch::Tensor& cos, const torch::Tensor& sin);
+// Qwen3's q_norm/k_norm (Qwen3RMSNorm per head) then NeoX RoPE, rounded as transformers' eager
+// code: q [B, S, Hq, d], k [B, S, Hk, d]; weights [d] and cos, sin [B or 1, S, d] in q's dtype;
+// returns new contiguous (q, k), or writes q_out, k_out (q's and k's shapes, any leading strides).
+std::tuple<torch::Tensor, torch::Tensor> hf_qk_norm_rope(const torch::Tensor& q, const torch::Tensor& k,
+                                                         const torch::Tensor& q_weight, const torch::Tensor& k_weight,
+                                                         double eps, const torch::Tensor& cos,
+                                                         const torch::Tensor& sin);
+void hf_qk_norm_rope_out(torch::Tensor& q_out, torch::Tensor& k_out, const torch::Tensor& q, const torch::Tensor& k,
+                         const torch::Tensor& q_weight, const torch::Tensor& k_weight, double eps,
+                         const torch::Tensor& cos, const torch::Tensor& sin);
 void rope_cached_(const torch::Tensor& positions, torch::Tensor& query, torch::Tensor& key, int64_t head_size,
                   const torch::Tensor& cos_sin_cache, std::string_view style);
 

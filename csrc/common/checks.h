@@ -168,11 +168,12 @@ inline void check_same_as_x(const char* op, const at::Tensor& t, const char* nam
 
 // An output the caller passed: on x's device, of `sizes` and `dtype`, contiguous in its last
 // dimension, writable element by element, and sharing memory with none of `inputs` (null entries
-// are skipped, so optional inputs can be listed as they are).
+// are skipped, so optional inputs can be listed as they are). `x_name`: what the op calls x.
 inline void check_output(const char* op, const at::Tensor& out, const char* name, const at::Tensor& x,
                          at::IntArrayRef sizes, c10::ScalarType dtype,
-                         std::initializer_list<std::pair<const at::Tensor*, const char*>> inputs) {
-  check_same_device(op, out, name, x, "x");
+                         std::initializer_list<std::pair<const at::Tensor*, const char*>> inputs,
+                         const char* x_name = "x") {
+  check_same_device(op, out, name, x, x_name);
   TORCH_CHECK_VALUE(out.sizes() == sizes, op, ": ", name, " must have the shape ", sizes, ", got ", out.sizes());
   check_dtype(op, out, name, dtype, "the dtype this op produces");
   check_last_dim_contiguous(op, out, name);

@@ -1,18 +1,25 @@
-// RMSNorm of q and k followed by interleaved RoPE, q and k in one launch: the first steps of
-// LTX-Video's attention (norm across all heads, [B, S, H*d]) and Flux's (norm per head,
-// [B, S, H, d]). Torch-free: the kernel, its launch heuristics and a host launcher.
+// RMSNorm of q and k followed by RoPE, q and k in one launch: the first steps of the attention of
+// LTX-Video (norm across all heads, [B, S, H*d]), Flux (norm per head, [B, S, H, d]) and Qwen3
+// (norm per head). Torch-free: the kernel, its launch heuristics and a host launcher.
 //
 // q, k are addressed as [B, S, G, L] (QkRows; G norm groups of width L: G = 1 for LTX, G = heads
-// for Flux); weights [L]; cos, sin fp32 [B or 1, S, L]. Per row:
-//   n   = round(x * rsqrt(mean(x^2) + eps) * w)        (torch.nn.RMSNorm: fp32 math, one rounding)
-//   out = round(n * cos + rotate(n) * sin)              (diffusers' apply_rotary_emb: fp32, one rounding)
-// with rotate(n)[2i] = -n[2i+1], rotate(n)[2i+1] = n[2i]. A row is held in registers between the
-// reduction and the rotation (rows up to kMaxRowVecs vectors), so each input is read once.
+// for Flux and Qwen3); weights [L]; cos, sin [B or 1, S, L]. Per row, in the eager code's rounding
+// (fp32 math, no FMA contraction; round() rounds to T, the dtype of q and k):
+//   kDiffusers (torch.nn.RMSNorm, then diffusers' apply_rotary_emb with fp32 tables):
+//     n   = round(x * rsqrt(mean(x^2) + eps) * w)
+//     out = round(n * cos + rotate(n) * sin)         rotate(n)[2i] = -n[2i+1], rotate(n)[2i+1] = n[2i]
+//   kTransformers (Qwen3RMSNorm, then transformers' apply_rotary_pos_emb; weights and tables in T):
+//     n   = round(w * round(x * rsqrt(mean(x^2) + eps)))
+//     out = round(round(n * cos) + round(rotate_half(n) * sin))
+//           rotate_half(n)[i] = -n[i + L/2], rotate_half(n)[i + L/2] = n[i]
+// A row is held in registers between the reduction and the rotation (rows up to kMaxRowVecs
+// vectors), so each input is read once.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common/math.cuh"
 #include "common/reduce.cuh"
@@ -21,15 +28,21 @@
 
 namespace transformer_kernels {
 
-template <typename T, typename weight_t>
+// Which library's eager code the kernel reproduces: its pairs, its table dtype and its roundings.
+enum class QkNormRopeForm {
+  kDiffusers,     // LTX-Video, Flux: interleaved pairs, fp32 tables, one rounding per step
+  kTransformers,  // Qwen3: NeoX half rotation, tables in the model dtype, every op rounded
+};
+
+template <typename T, typename weight_t, typename table_t>
 struct QkNormRopeParams {
   QkRows<T> qk;              // rows of width L: the norm groups of q, then of k
   const weight_t* q_weight;  // [L] contiguous
   const weight_t* k_weight;  // [L] contiguous
-  const float* cos;          // [B or 1, S, L]
-  const float* sin;          // [B or 1, S, L]
+  const table_t* cos;        // [B or 1, S, L]
+  const table_t* sin;        // [B or 1, S, L]
   int64_t table_b, table_s;  // strides of cos and sin (same layout), in elements; table_b 0 when shared
-  int width;  // L, even
+  int width;                 // L, even
   float eps;
 };
 
@@ -37,14 +50,39 @@ namespace qk_norm_rope_detail {
 
 constexpr int kCachedVecs = 4;  // vectors per thread, all held between the reduction and the store
 constexpr int kGroupThreadsPerBlock = 256;
-constexpr int kSmallGroup = 4;  // lanes per row for rows of <= kSmallGroup * kCachedVecs vectors
+constexpr int kSmallGroup = 4;  // the narrowest lane group a row gets
 constexpr int kMaxThreads = 1024;
 constexpr int kMaxRowVecs = kMaxThreads * kCachedVecs;
 
-// kThreadsPerRow lanes per row (0: the whole block); kVec elements per vector, even, so that each
-// vector holds whole pairs.
-template <typename T, typename weight_t, int kVec, int kThreadsPerRow>
-__global__ void qk_norm_rope_kernel(const QkNormRopeParams<T, weight_t> p) {
+TK_HOST_DEVICE constexpr bool half_rotation(QkNormRopeForm form) { return form == QkNormRopeForm::kTransformers; }
+
+// A lane rotates whole units without help from other lanes: one vector holding whole pairs
+// (interleaved), or a vector and its partner half a row further on (half rotation). Lane l of a
+// row's group holds units l, l + threads, ...: for the half rotation that is vectors u and
+// u + L / (2 kVec), so every pair is found in-lane whatever the head size.
+TK_HOST_DEVICE constexpr int vecs_per_unit(QkNormRopeForm form) { return half_rotation(form) ? 2 : 1; }
+
+// The narrowest vector each form can use when pointers or strides rule out 16 bytes: one element
+// for the half rotation (pairs are split across vectors anyway), one pair for interleaved pairs.
+TK_HOST_DEVICE constexpr int min_vec(QkNormRopeForm form) { return half_rotation(form) ? 1 : 2; }
+
+// The normalized value n (fp32, already rounded to T the way the form's norm module rounds).
+template <QkNormRopeForm kForm, typename T>
+TK_DEVICE float normalize(float x, float inv_rms, float w) {
+  if constexpr (half_rotation(kForm)) {
+    return round_through<T>(__fmul_rn(w, round_through<T>(__fmul_rn(x, inv_rms))));  // weight * h.to(T)
+  } else {
+    return round_through<T>(__fmul_rn(__fmul_rn(x, inv_rms), w));  // F.rms_norm: one rounding
+  }
+}
+
+// kThreadsPerRow lanes per row (0: the whole block); kVec elements per vector (even for
+// interleaved pairs, so that each vector holds whole pairs).
+template <QkNormRopeForm kForm, typename T, typename weight_t, typename table_t, int kVec, int kThreadsPerRow>
+__global__ void qk_norm_rope_kernel(const QkNormRopeParams<T, weight_t, table_t> p) {
+  constexpr int kUnitVecs = vecs_per_unit(kForm);
+  constexpr int kCachedUnits = kCachedVecs / kUnitVecs;
+  constexpr bool kFp32Rotation = !half_rotation(kForm);  // diffusers: one rounding; transformers: per op
   using vec = vec_t<T, kVec>;
   const int64_t num_rows = p.qk.num_rows();
   const RowGroup<kThreadsPerRow> group(num_rows);
@@ -58,66 +96,91 @@ __global__ void qk_norm_rope_kernel(const QkNormRopeParams<T, weight_t> p) {
   T* out;
   p.qk.locate(row, b, s, x, out);
   const weight_t* weight = row % p.qk.heads() < p.qk.num_q_heads ? p.q_weight : p.k_weight;
-  const float* cos = p.cos + b * p.table_b + s * p.table_s;
-  const float* sin = p.sin + b * p.table_b + s * p.table_s;
-  const int num_vecs = p.width / kVec;
+  const table_t* cos = p.cos + b * p.table_b + s * p.table_s;
+  const table_t* sin = p.sin + b * p.table_b + s * p.table_s;
+  const int num_units = p.width / (kVec * kUnitVecs);
+  // First element of vector j of unit u: the unit's own vector, then its partner half a row on.
+  auto at = [num_units](int u, int j) { return (u + j * num_units) * kVec; };
 
-  vec cached[kCachedVecs];
+  vec cached[kCachedUnits][kUnitVecs];  // [unit slot][vector of the unit]
   float acc = 0.f;
 #pragma unroll
-  for (int c = 0; c < kCachedVecs; ++c) {
-    const int v = lane + c * threads;
-    if (v < num_vecs) {
-      cached[c].load(x + v * kVec);
+  for (int c = 0; c < kCachedUnits; ++c) {
+    const int u = lane + c * threads;
+    if (u < num_units) {
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) acc += to_float(cached[c][i]) * to_float(cached[c][i]);
+      for (int j = 0; j < kUnitVecs; ++j) {
+        cached[c][j].load(x + at(u, j));
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) acc += to_float(cached[c][j][i]) * to_float(cached[c][j][i]);
+      }
     }
   }
   acc = row_reduce_sum<kThreadsPerRow>(acc, lanes_with_rows);
-  const float inv_rms = rsqrtf(acc / static_cast<float>(p.width) + p.eps);
+  // mean as torch's reduction computes it: sum times 1/L
+  const float inv_rms = rsqrtf(__fmul_rn(acc, 1.f / static_cast<float>(p.width)) + p.eps);
 
 #pragma unroll
-  for (int c = 0; c < kCachedVecs; ++c) {
-    const int v = lane + c * threads;
-    if (v >= num_vecs) continue;
-    float w[kVec], cs[kVec], sn[kVec], n[kVec];
-    vec_t<weight_t, kVec> wv;
-    wv.load(weight + v * kVec);
-    wv.cast_to(w);
-    vec_t<float, kVec> cv, sv;
-    cv.load(cos + v * kVec);
-    sv.load(sin + v * kVec);
-    cv.cast_to(cs);
-    sv.cast_to(sn);
+  for (int c = 0; c < kCachedUnits; ++c) {
+    const int u = lane + c * threads;
+    if (u >= num_units) continue;
+    float n[kUnitVecs][kVec], cs[kUnitVecs][kVec], sn[kUnitVecs][kVec];  // [vector of the unit][element]
 #pragma unroll
-    for (int i = 0; i < kVec; ++i) n[i] = round_through<T>(__fmul_rn(__fmul_rn(to_float(cached[c][i]), inv_rms), w[i]));
-    vec o;
+    for (int j = 0; j < kUnitVecs; ++j) {
+      float w[kVec];
+      vec_t<weight_t, kVec> wv;
+      wv.load(weight + at(u, j));
+      wv.cast_to(w);
+      vec_t<table_t, kVec> cv, sv;
+      cv.load(cos + at(u, j));
+      sv.load(sin + at(u, j));
+      cv.cast_to(cs[j]);
+      sv.cast_to(sn[j]);
 #pragma unroll
-    for (int i = 0; i < kVec; i += 2) {
-      o[i] = from_float<T>(__fadd_rn(__fmul_rn(n[i], cs[i]), __fmul_rn(-n[i + 1], sn[i])));
-      o[i + 1] = from_float<T>(__fadd_rn(__fmul_rn(n[i + 1], cs[i + 1]), __fmul_rn(n[i], sn[i + 1])));
+      for (int i = 0; i < kVec; ++i) n[j][i] = normalize<kForm, T>(to_float(cached[c][j][i]), inv_rms, w[i]);
     }
-    o.store(out + v * kVec);
+    vec o[kUnitVecs];
+    if constexpr (half_rotation(kForm)) {  // element i of the first half pairs with element i of the second
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) {
+        o[0][i] = from_float<T>(rope_detail::rotate<T, kFp32Rotation>(n[0][i], -n[1][i], cs[0][i], sn[0][i]));
+        o[1][i] = from_float<T>(rope_detail::rotate<T, kFp32Rotation>(n[1][i], n[0][i], cs[1][i], sn[1][i]));
+      }
+    } else {  // pairs (i, i + 1) within the vector
+#pragma unroll
+      for (int i = 0; i < kVec; i += 2) {
+        o[0][i] = from_float<T>(rope_detail::rotate<T, kFp32Rotation>(n[0][i], -n[0][i + 1], cs[0][i], sn[0][i]));
+        o[0][i + 1] =
+            from_float<T>(rope_detail::rotate<T, kFp32Rotation>(n[0][i + 1], n[0][i], cs[0][i + 1], sn[0][i + 1]));
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kUnitVecs; ++j) o[j].store(out + at(u, j));
   }
 }
 
-template <typename T, typename weight_t, int kVec>
-cudaError_t launch(const QkNormRopeParams<T, weight_t>& p, cudaStream_t stream) {
+template <QkNormRopeForm kForm, typename T, typename weight_t, typename table_t, int kVec>
+cudaError_t launch(const QkNormRopeParams<T, weight_t, table_t>& p, cudaStream_t stream) {
+  constexpr int kCachedUnits = kCachedVecs / vecs_per_unit(kForm);
   const int64_t rows = p.qk.num_rows();
-  const int num_vecs = p.width / kVec;
+  const int num_units = p.width / (kVec * vecs_per_unit(kForm));
   auto grid_for = [&](int rows_per_block) {
     return dim3(static_cast<unsigned>((rows + rows_per_block - 1) / rows_per_block));
   };
-  if (num_vecs <= kSmallGroup * kCachedVecs) {
-    qk_norm_rope_kernel<T, weight_t, kVec, kSmallGroup>
-        <<<grid_for(kGroupThreadsPerBlock / kSmallGroup), kGroupThreadsPerBlock, 0, stream>>>(p);
-  } else if (num_vecs <= kWarpSize * kCachedVecs) {
-    qk_norm_rope_kernel<T, weight_t, kVec, kWarpSize>
-        <<<grid_for(kGroupThreadsPerBlock / kWarpSize), kGroupThreadsPerBlock, 0, stream>>>(p);
-  } else {
-    const int wanted = (num_vecs + kCachedVecs - 1) / kCachedVecs;
+  // The narrowest lane group that holds the row, so that no lane of a short row (one head) idles.
+  auto in_group_of = [&](auto threads_tag) {
+    constexpr int kThreads = decltype(threads_tag)::value;
+    if (num_units > kThreads * kCachedUnits) return false;
+    qk_norm_rope_kernel<kForm, T, weight_t, table_t, kVec, kThreads>
+        <<<grid_for(kGroupThreadsPerBlock / kThreads), kGroupThreadsPerBlock, 0, stream>>>(p);
+    return true;
+  };
+  using std::integral_constant;
+  if (!(in_group_of(integral_constant<int, kSmallGroup>{}) || in_group_of(integral_constant<int, 8>{}) ||
+        in_group_of(integral_constant<int, 16>{}) || in_group_of(integral_constant<int, kWarpSize>{}))) {
+    const int wanted = (num_units + kCachedUnits - 1) / kCachedUnits;
     const int threads = (wanted + kWarpSize - 1) / kWarpSize * kWarpSize;  // <= kMaxThreads: host-checked
-    qk_norm_rope_kernel<T, weight_t, kVec, 0><<<grid_for(1), threads, 0, stream>>>(p);
+    qk_norm_rope_kernel<kForm, T, weight_t, table_t, kVec, 0><<<grid_for(1), threads, 0, stream>>>(p);
   }
   return cudaGetLastError();
 }
@@ -125,29 +188,34 @@ cudaError_t launch(const QkNormRopeParams<T, weight_t>& p, cudaStream_t stream) 
 }  // namespace qk_norm_rope_detail
 
 // Rows hold at most this many elements of T (the whole row stays in registers): with 16-byte
-// vectors, or with one pair per vector when pointers or strides do not allow 16 bytes.
-template <typename T>
+// vectors, or with the form's narrowest vectors when pointers or strides do not allow 16 bytes.
+template <QkNormRopeForm kForm, typename T>
 constexpr int64_t qk_norm_rope_max_width(bool vectorized) {
-  return static_cast<int64_t>(qk_norm_rope_detail::kMaxRowVecs) * (vectorized ? vec_size<T>() : 2);
+  return static_cast<int64_t>(qk_norm_rope_detail::kMaxRowVecs) *
+         (vectorized ? vec_size<T>() : qk_norm_rope_detail::min_vec(kForm));
 }
 
-// True when every pointer and stride allows vectors of kElems elements (kElems even).
-template <int kElems, typename T, typename weight_t>
-bool qk_norm_rope_aligned(const QkNormRopeParams<T, weight_t>& p) {
-  return p.width % kElems == 0 && p.qk.template aligned<kElems>() && is_vec_aligned<weight_t, kElems>(p.q_weight) &&
-         is_vec_aligned<weight_t, kElems>(p.k_weight) && is_vec_aligned<float, kElems>(p.cos) &&
-         is_vec_aligned<float, kElems>(p.sin) && p.table_b % kElems == 0 && p.table_s % kElems == 0;
+// True when every pointer and stride allows vectors of kElems elements and the row splits into
+// whole units of them.
+template <QkNormRopeForm kForm, int kElems, typename T, typename weight_t, typename table_t>
+bool qk_norm_rope_aligned(const QkNormRopeParams<T, weight_t, table_t>& p) {
+  return p.width % (kElems * qk_norm_rope_detail::vecs_per_unit(kForm)) == 0 && p.qk.template aligned<kElems>() &&
+         is_vec_aligned<weight_t, kElems>(p.q_weight) && is_vec_aligned<weight_t, kElems>(p.k_weight) &&
+         is_vec_aligned<table_t, kElems>(p.cos) && is_vec_aligned<table_t, kElems>(p.sin) &&
+         p.table_b % kElems == 0 && p.table_s % kElems == 0;
 }
 
-// Host launcher: 16-byte vectors when every pointer and stride allows it, else one pair per
-// vector. The caller checks width (even, <= qk_norm_rope_max_width<T>(vectorized)) and pair
-// alignment (qk_norm_rope_aligned<2>(p)).
-template <typename T, typename weight_t>
-cudaError_t qk_norm_rope(const QkNormRopeParams<T, weight_t>& p, cudaStream_t stream) {
+// Host launcher: 16-byte vectors when every pointer and stride allows it, else the form's
+// narrowest vectors. The caller checks width (even, <= qk_norm_rope_max_width) and the narrow
+// path's alignment (qk_norm_rope_aligned<kForm, min_vec>: whole pairs for interleaved pairs).
+template <QkNormRopeForm kForm, typename T, typename weight_t, typename table_t>
+cudaError_t qk_norm_rope(const QkNormRopeParams<T, weight_t, table_t>& p, cudaStream_t stream) {
   if (p.qk.num_rows() == 0 || p.width == 0) return cudaSuccess;
   constexpr int kVec = vec_size<T>();
-  return qk_norm_rope_aligned<kVec>(p) ? qk_norm_rope_detail::launch<T, weight_t, kVec>(p, stream)
-                                       : qk_norm_rope_detail::launch<T, weight_t, 2>(p, stream);
+  constexpr int kMinVec = qk_norm_rope_detail::min_vec(kForm);
+  using qk_norm_rope_detail::launch;
+  return qk_norm_rope_aligned<kForm, kVec>(p) ? launch<kForm, T, weight_t, table_t, kVec>(p, stream)
+                                               : launch<kForm, T, weight_t, table_t, kMinVec>(p, stream);
 }
 
 }  // namespace transformer_kernels

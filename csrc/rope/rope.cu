@@ -227,11 +227,15 @@ void rope_cached_(const at::Tensor& positions, at::Tensor& query, at::Tensor& ke
 namespace {
 
 constexpr const char* kNormRopeOp = "qk_norm_rope";
+constexpr const char* kHfNormRopeOp = "hf_qk_norm_rope";
 
-// q [B, S, Gq, L], k [B, S, Gk, L]; weights [L]; cos, sin fp32 [B or 1, S, L].
-void check_qk_norm_rope(const at::Tensor& q, const at::Tensor& k, const at::Tensor& q_weight,
-                        const at::Tensor& k_weight, double eps, const at::Tensor& cos, const at::Tensor& sin) {
-  const char* op = kNormRopeOp;
+// q [B, S, Gq, L], k [B, S, Gk, L]; weights [L]; cos, sin [B or 1, S, L]. Each form takes what its
+// library builds: diffusers fp32 tables and weights in q's dtype or fp32; transformers tables and
+// weights in the model dtype.
+void check_qk_norm_rope(const char* op, QkNormRopeForm form, const at::Tensor& q, const at::Tensor& k,
+                        const at::Tensor& q_weight, const at::Tensor& k_weight, double eps, const at::Tensor& cos,
+                        const at::Tensor& sin) {
+  const bool transformers = form == QkNormRopeForm::kTransformers;
   check_qk(op, q, k);
   check_tables(op, cos, sin, q);
   const int64_t width = q.size(3);
@@ -239,8 +243,13 @@ void check_qk_norm_rope(const at::Tensor& q, const at::Tensor& k, const at::Tens
                     ") must be even: RoPE rotates pairs");
   for (const auto& [w, name] : {std::pair{&q_weight, "q_weight"}, std::pair{&k_weight, "k_weight"}}) {
     check_same_device(op, *w, name, q, "q");
-    TORCH_CHECK_TYPE(w->scalar_type() == q.scalar_type() || w->scalar_type() == at::kFloat, op, ": ", name,
-                     " must have q's dtype or float32, got ", w->scalar_type());
+    if (transformers) {
+      check_dtype(op, *w, name, q.scalar_type(),
+                  "Qwen3RMSNorm multiplies in the weight's dtype: another dtype would change the output's");
+    } else {
+      TORCH_CHECK_TYPE(w->scalar_type() == q.scalar_type() || w->scalar_type() == at::kFloat, op, ": ", name,
+                       " must have q's dtype or float32, got ", w->scalar_type());
+    }
     TORCH_CHECK_VALUE(w->dim() == 1 && w->size(0) == width && w->is_contiguous(), op, ": ", name,
                       " must be a contiguous [", width, "], got shape ", w->sizes(), " and strides ", w->strides());
   }
@@ -249,10 +258,69 @@ void check_qk_norm_rope(const at::Tensor& q, const at::Tensor& k, const at::Tens
                    k_weight.scalar_type());
   check_eps(op, eps);
   for (const auto& [t, name] : {std::pair{&cos, "cos"}, std::pair{&sin, "sin"}}) {
-    check_dtype(op, *t, name, at::kFloat, "diffusers computes the rotary tables in float32");
+    if (transformers) {
+      check_dtype(op, *t, name, q.scalar_type(), "transformers builds cos/sin in the model dtype");
+    } else {
+      check_dtype(op, *t, name, at::kFloat, "diffusers computes the rotary tables in float32");
+    }
     TORCH_CHECK_VALUE(t->size(2) == width, op, ": ", name, " must cover the normalized width ", width,
                       " (q.shape[-1]), got ", t->sizes());
   }
+}
+
+// Outputs passed by the caller: q's and k's shapes and dtype, sharing memory with no input nor
+// with each other.
+void check_qk_outputs(const char* op, const at::Tensor& q_out, const at::Tensor& k_out, const at::Tensor& q,
+                      const at::Tensor& k, const at::Tensor& q_weight, const at::Tensor& k_weight,
+                      const at::Tensor& cos, const at::Tensor& sin) {
+  for (const auto& [out, name, like] : {std::tuple{&q_out, "q_out", &q}, std::tuple{&k_out, "k_out", &k}})
+    check_output(op, *out, name, q, like->sizes(), q.scalar_type(),
+                 {{&q, "q"}, {&k, "k"}, {&q_weight, "q_weight"}, {&k_weight, "k_weight"}, {&cos, "cos"}, {&sin, "sin"}},
+                 "q");
+  check_no_overlap(op, k_out, "k_out", q_out, "q_out");
+}
+
+template <QkNormRopeForm kForm>
+void run_qk_norm_rope(const char* op, at::Tensor& q_out, at::Tensor& k_out, const at::Tensor& q, const at::Tensor& k,
+                      const at::Tensor& q_weight, const at::Tensor& k_weight, double eps, const at::Tensor& cos,
+                      const at::Tensor& sin) {
+  const at::cuda::OptionalCUDAGuard device_guard(q.device());
+  dispatch_float_dtype(q.scalar_type(), "q", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    auto go = [&](auto weight_tag, auto table_tag) {
+      using W = typename decltype(weight_tag)::type;
+      using Table = typename decltype(table_tag)::type;
+      QkNormRopeParams<T, W, Table> p;
+      p.qk = qk_rows<T>(q_out, q, k_out, k);
+      p.q_weight = static_cast<const W*>(q_weight.const_data_ptr());
+      p.k_weight = static_cast<const W*>(k_weight.const_data_ptr());
+      p.cos = static_cast<const Table*>(cos.const_data_ptr());
+      p.sin = static_cast<const Table*>(sin.const_data_ptr());
+      p.table_b = cos.size(0) == 1 ? 0 : cos.stride(0);
+      p.table_s = cos.stride(1);
+      p.width = static_cast<int>(q.size(3));
+      p.eps = static_cast<float>(eps);
+      // Interleaved pairs need whole pairs even on the narrow path; the half rotation any alignment.
+      const bool narrow_ok = qk_norm_rope_aligned<kForm, qk_norm_rope_detail::min_vec(kForm)>(p);
+      TORCH_CHECK_VALUE(p.qk.num_rows() == 0 || narrow_ok, op,
+                        ": q, k, cos, sin and the weights must start at even element offsets with even strides "
+                        "(whole pairs), got q strides ", q.strides(), " and k strides ", k.strides());
+      const bool vectorized = qk_norm_rope_aligned<kForm, vec_size<T>()>(p);
+      const int64_t max_width = qk_norm_rope_max_width<kForm, T>(vectorized);
+      TORCH_CHECK_VALUE(q.size(3) <= max_width, op, ": rows of more than ", max_width,
+                        " elements are not supported here (the whole row is kept in registers; 16-byte aligned "
+                        "rows allow more), got width ", q.size(3));
+      const cudaError_t err = transformer_kernels::qk_norm_rope<kForm>(p, at::cuda::getCurrentCUDAStream());
+      TORCH_CHECK(err == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(err));
+    };
+    if constexpr (kForm == QkNormRopeForm::kTransformers) {
+      go(tag, tag);  // weights and tables in the model dtype (checked)
+    } else if (q_weight.scalar_type() == at::kFloat) {
+      go(type_tag<float>{}, type_tag<float>{});
+    } else {
+      go(tag, type_tag<float>{});
+    }
+  });
 }
 
 }  // namespace
@@ -260,41 +328,31 @@ void check_qk_norm_rope(const at::Tensor& q, const at::Tensor& k, const at::Tens
 std::tuple<at::Tensor, at::Tensor> qk_norm_rope(const at::Tensor& q, const at::Tensor& k, const at::Tensor& q_weight,
                                                 const at::Tensor& k_weight, double eps, const at::Tensor& cos,
                                                 const at::Tensor& sin) {
-  check_qk_norm_rope(q, k, q_weight, k_weight, eps, cos, sin);
+  check_qk_norm_rope(kNormRopeOp, QkNormRopeForm::kDiffusers, q, k, q_weight, k_weight, eps, cos, sin);
   at::Tensor q_out = at::empty(q.sizes(), q.options());
   at::Tensor k_out = at::empty(k.sizes(), k.options());
-  const at::cuda::OptionalCUDAGuard device_guard(q.device());
-  dispatch_float_dtype(q.scalar_type(), "q", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    auto go = [&](auto weight_tag) {
-      using W = typename decltype(weight_tag)::type;
-      QkNormRopeParams<T, W> p;
-      p.qk = qk_rows<T>(q_out, q, k_out, k);
-      p.q_weight = static_cast<const W*>(q_weight.const_data_ptr());
-      p.k_weight = static_cast<const W*>(k_weight.const_data_ptr());
-      p.cos = cos.const_data_ptr<float>();
-      p.sin = sin.const_data_ptr<float>();
-      p.table_b = cos.size(0) == 1 ? 0 : cos.stride(0);
-      p.table_s = cos.stride(1);
-      p.width = static_cast<int>(q.size(3));
-      p.eps = static_cast<float>(eps);
-      TORCH_CHECK_VALUE(p.qk.num_rows() == 0 || qk_norm_rope_aligned<2>(p), kNormRopeOp,
-                        ": q, k, cos, sin and the weights must start at even element offsets with even strides "
-                        "(whole pairs), got q strides ", q.strides(), " and k strides ", k.strides());
-      const int64_t max_width = qk_norm_rope_max_width<T>(qk_norm_rope_aligned<vec_size<T>()>(p));
-      TORCH_CHECK_VALUE(q.size(3) <= max_width, kNormRopeOp, ": rows of more than ", max_width,
-                        " elements are not supported here (the whole row is kept in registers; 16-byte aligned "
-                        "rows allow more), got width ", q.size(3));
-      const cudaError_t err = transformer_kernels::qk_norm_rope(p, at::cuda::getCurrentCUDAStream());
-      TORCH_CHECK(err == cudaSuccess, kNormRopeOp, ": kernel launch failed: ", cudaGetErrorString(err));
-    };
-    if (q_weight.scalar_type() == at::kFloat) {
-      go(type_tag<float>{});
-    } else {
-      go(tag);
-    }
-  });
+  run_qk_norm_rope<QkNormRopeForm::kDiffusers>(kNormRopeOp, q_out, k_out, q, k, q_weight, k_weight, eps, cos, sin);
   return {q_out, k_out};
+}
+
+std::tuple<at::Tensor, at::Tensor> hf_qk_norm_rope(const at::Tensor& q, const at::Tensor& k,
+                                                   const at::Tensor& q_weight, const at::Tensor& k_weight, double eps,
+                                                   const at::Tensor& cos, const at::Tensor& sin) {
+  check_qk_norm_rope(kHfNormRopeOp, QkNormRopeForm::kTransformers, q, k, q_weight, k_weight, eps, cos, sin);
+  at::Tensor q_out = at::empty(q.sizes(), q.options());
+  at::Tensor k_out = at::empty(k.sizes(), k.options());
+  run_qk_norm_rope<QkNormRopeForm::kTransformers>(kHfNormRopeOp, q_out, k_out, q, k, q_weight, k_weight, eps, cos,
+                                                  sin);
+  return {q_out, k_out};
+}
+
+void hf_qk_norm_rope_out(at::Tensor& q_out, at::Tensor& k_out, const at::Tensor& q, const at::Tensor& k,
+                         const at::Tensor& q_weight, const at::Tensor& k_weight, double eps, const at::Tensor& cos,
+                         const at::Tensor& sin) {
+  check_qk_norm_rope(kHfNormRopeOp, QkNormRopeForm::kTransformers, q, k, q_weight, k_weight, eps, cos, sin);
+  check_qk_outputs(kHfNormRopeOp, q_out, k_out, q, k, q_weight, k_weight, cos, sin);
+  run_qk_norm_rope<QkNormRopeForm::kTransformers>(kHfNormRopeOp, q_out, k_out, q, k, q_weight, k_weight, eps, cos,
+                                                  sin);
 }
 
 }  // namespace transformer_kernels

@@ -31,6 +31,7 @@ from .rope import (
     flux_rotary_emb,
     ltx_qk_norm_rope,
     ltx_rotary_emb,
+    qwen3_qk_norm_rope,
     rotary_embedding,
 )
 
@@ -55,6 +56,7 @@ __all__ = [
     "ltx_rotary_emb",
     "norm_modulate",
     "ops",
+    "qwen3_qk_norm_rope",
     "rms_norm",
     "rotary_embedding",
     "silu",

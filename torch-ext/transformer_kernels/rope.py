@@ -9,6 +9,9 @@ One launch rotates q and k. The forms follow the libraries they replace:
   cos/sin ``[B, S, H*d]``: interleaved pairs over the whole hidden, fp32 math, one rounding.
 - ``ltx_qk_norm_rope`` / ``flux_qk_norm_rope``: the attention's q/k ``torch.nn.RMSNorm`` and the
   rotation above in one pass (q and k in one launch): across all heads for LTX-Video, per head for Flux.
+- ``qwen3_qk_norm_rope``: transformers' Qwen3 attention from the projections to the rotated q and k:
+  ``q_norm``/``k_norm`` (``Qwen3RMSNorm`` per head) and ``apply_rotary_pos_emb`` in one pass, with
+  transformers' rounding (each op rounded to the model dtype).
 - ``rotary_embedding``: vLLM's op of the same name and signature, in place: token positions index a
   ``cos_sin_cache`` ``[max_position, R]`` (R/2 cosines then R/2 sines per row), q ``[T, Hq*d]``,
   k ``[T, Hk*d]``, R <= d.
@@ -16,7 +19,7 @@ One launch rotates q and k. The forms follow the libraries they replace:
   ``[B, S, H, d]`` with fp32 cos/sin ``[S, d]``: interleaved pairs per head, fp32 math.
 """
 
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 
@@ -83,6 +86,49 @@ def flux_qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, 
     return _qk_norm_rope(q, k, q_weight, k_weight, eps, cos.unsqueeze(0), sin.unsqueeze(0))
 
 
+def qwen3_qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float,
+                       cos: torch.Tensor, sin: torch.Tensor,
+                       out: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """transformers' Qwen3 attention (also Qwen3-MoE) from the projections to the rotated q and k:
+    ``q_norm(q)``, ``k_norm(k)`` (``Qwen3RMSNorm`` over each head) then ``apply_rotary_pos_emb``, q
+    and k in one launch. The eager code's roundings are kept (``round`` rounds to q's dtype)::
+
+        n   = round(weight * round(x * rsqrt(mean(x**2) + eps)))
+        out = round(round(n * cos) + round(rotate_half(n) * sin))
+
+    so the result equals eager bit for bit except where the fp32 sum of squares, added in another
+    order, lands on the other side of a rounding.
+
+    Parameters
+    ----------
+    q, k : torch.Tensor
+        ``[B, S, Hq, d]`` and ``[B, S, Hk, d]``: the projections' ``view(*input_shape, -1, head_dim)``,
+        before the transpose (any leading strides: views of one fused QKV projection are fine).
+    q_weight, k_weight : torch.Tensor
+        ``[d]``, q's dtype (the norms' weights).
+    eps : float
+        The norms' ``variance_epsilon``.
+    cos, sin : torch.Tensor
+        ``[B or 1, S, d]`` in q's dtype: the model's ``position_embeddings`` (NeoX layout, cos[..., i]
+        == cos[..., i + d/2]); leading dimensions may have any strides.
+    out : tuple of torch.Tensor, optional
+        ``(q_out, k_out)`` of q's and k's shapes and dtype (leading strides free; no overlap with an
+        input); new contiguous tensors are allocated when not given.
+
+    Returns
+    -------
+    tuple of torch.Tensor
+        ``(q_out, k_out)`` as ``[B, S, H, d]``; ``.transpose(1, 2)`` gives the ``[B, H, S, d]`` the
+        attention takes, as in eager.
+    """
+    if out is None:
+        return _hf_qk_norm_rope(q, k, q_weight, k_weight, eps, cos, sin)
+    if not isinstance(out, (tuple, list)) or len(out) != 2:
+        raise TypeError(f"qwen3_qk_norm_rope: out must be a (q_out, k_out) pair of tensors, got {type(out).__name__}")
+    _hf_qk_norm_rope_out(out[0], out[1], q, k, q_weight, k_weight, eps, cos, sin)
+    return out[0], out[1]
+
+
 def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, head_size: int,
                      cos_sin_cache: torch.Tensor, is_neox: bool = True) -> Tuple[torch.Tensor, torch.Tensor]:
     """vLLM's ``rotary_embedding``, in place on query and key.
@@ -101,6 +147,8 @@ _rope = ops.rope.default
 _rope_ = ops.rope_.default
 _rope_cached_ = ops.rope_cached_.default
 _qk_norm_rope = ops.qk_norm_rope.default
+_hf_qk_norm_rope = ops.hf_qk_norm_rope.default
+_hf_qk_norm_rope_out = ops.hf_qk_norm_rope_out.default
 
 
 @torch.library.register_fake(add_op_namespace_prefix("rope"))
@@ -123,3 +171,17 @@ def _(positions, query, key, head_size, cos_sin_cache, style):
 @torch.library.register_fake(add_op_namespace_prefix("qk_norm_rope"))
 def _(q, k, q_weight, k_weight, eps, cos, sin):
     return q.new_empty(q.shape), k.new_empty(k.shape)
+
+
+@torch.library.register_fake(add_op_namespace_prefix("hf_qk_norm_rope"))
+def _(q, k, q_weight, k_weight, eps, cos, sin):
+    return q.new_empty(q.shape), k.new_empty(k.shape)
+
+
+@torch.library.register_fake(add_op_namespace_prefix("hf_qk_norm_rope_out"))
+def _(q_out, k_out, q, k, q_weight, k_weight, eps, cos, sin):
+    for out, name, x in ((q_out, "q_out", q), (k_out, "k_out", k)):  # the checks the C++ op makes first
+        torch._check(out.shape == x.shape,
+                     lambda: f"hf_qk_norm_rope: {name} must have the shape {tuple(x.shape)}, got {tuple(out.shape)}")
+        torch._check(out.dtype == q.dtype,
+                     lambda: f"hf_qk_norm_rope: {name} must have dtype {q.dtype}, got {out.dtype}")
