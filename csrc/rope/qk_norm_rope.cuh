@@ -66,14 +66,21 @@ TK_HOST_DEVICE constexpr int vecs_per_unit(QkNormRopeForm form) { return half_ro
 // for the half rotation (pairs are split across vectors anyway), one pair for interleaved pairs.
 TK_HOST_DEVICE constexpr int min_vec(QkNormRopeForm form) { return half_rotation(form) ? 1 : 2; }
 
-// The normalized value n (fp32, already rounded to T the way the form's norm module rounds).
-template <QkNormRopeForm kForm, typename T>
-TK_DEVICE float normalize(float x, float inv_rms, float w) {
-  if constexpr (half_rotation(kForm)) {
-    return round_through<T>(__fmul_rn(w, round_through<T>(__fmul_rn(x, inv_rms))));  // weight * h.to(T)
-  } else {
-    return round_through<T>(__fmul_rn(__fmul_rn(x, inv_rms), w));  // F.rms_norm: one rounding
+// The normalized values n of one vector (fp32, already rounded to T the way the form's norm module
+// rounds), two roundings per conversion instruction.
+template <QkNormRopeForm kForm, typename T, int kVec>
+TK_DEVICE void normalize(float (&n)[kVec], float inv_rms, const float (&w)[kVec]) {
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) n[i] = __fmul_rn(n[i], inv_rms);
+  if constexpr (half_rotation(kForm)) {  // weight * h.to(T)
+    round_through<T>(n);
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) n[i] = __fmul_rn(w[i], n[i]);
+  } else {  // F.rms_norm: one rounding
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) n[i] = __fmul_rn(n[i], w[i]);
   }
+  round_through<T>(n);
 }
 
 // kThreadsPerRow lanes per row (0: the whole block); kVec elements per vector (even for
@@ -136,23 +143,25 @@ __global__ void qk_norm_rope_kernel(const QkNormRopeParams<T, weight_t, table_t>
       sv.load(sin + at(u, j));
       cv.cast_to(cs[j]);
       sv.cast_to(sn[j]);
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) n[j][i] = normalize<kForm, T>(to_float(cached[c][j][i]), inv_rms, w[i]);
+      cached[c][j].cast_to(n[j]);
+      normalize<kForm, T>(n[j], inv_rms, w);
     }
     vec o[kUnitVecs];
     if constexpr (half_rotation(kForm)) {  // element i of the first half pairs with element i of the second
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) {
-        o[0][i] = from_float<T>(rope_detail::rotate<T, kFp32Rotation>(n[0][i], -n[1][i], cs[0][i], sn[0][i]));
-        o[1][i] = from_float<T>(rope_detail::rotate<T, kFp32Rotation>(n[1][i], n[0][i], cs[1][i], sn[1][i]));
-      }
+      rope_detail::rotate_pairs<T, kFp32Rotation>(n[0], n[1], cs[0], cs[1], sn[0], sn[1], o[0].data, o[1].data);
     } else {  // pairs (i, i + 1) within the vector
+      constexpr int kPairs = kVec / 2;
+      float x1[kPairs], x2[kPairs], c1[kPairs], c2[kPairs], s1[kPairs], s2[kPairs];
 #pragma unroll
-      for (int i = 0; i < kVec; i += 2) {
-        o[0][i] = from_float<T>(rope_detail::rotate<T, kFp32Rotation>(n[0][i], -n[0][i + 1], cs[0][i], sn[0][i]));
-        o[0][i + 1] =
-            from_float<T>(rope_detail::rotate<T, kFp32Rotation>(n[0][i + 1], n[0][i], cs[0][i + 1], sn[0][i + 1]));
+      for (int i = 0; i < kPairs; ++i) {
+        x1[i] = n[0][2 * i], x2[i] = n[0][2 * i + 1];
+        c1[i] = cs[0][2 * i], c2[i] = cs[0][2 * i + 1];
+        s1[i] = sn[0][2 * i], s2[i] = sn[0][2 * i + 1];
       }
+      T y1[kPairs], y2[kPairs];
+      rope_detail::rotate_pairs<T, kFp32Rotation>(x1, x2, c1, c2, s1, s2, y1, y2);
+#pragma unroll
+      for (int i = 0; i < kPairs; ++i) o[0][2 * i] = y1[i], o[0][2 * i + 1] = y2[i];
     }
 #pragma unroll
     for (int j = 0; j < kUnitVecs; ++j) o[j].store(out + at(u, j));
