@@ -25,6 +25,7 @@ and ``RotaryPosEmb`` layers.
 
 from __future__ import annotations
 
+import inspect
 import sys
 from types import ModuleType
 from typing import Callable
@@ -97,12 +98,31 @@ def _on_kernel_device(t: torch.Tensor) -> bool:
     return t.device.type in KERNEL_DEVICES
 
 
+# The KV-cache argument of the attention forward, by transformers version: "cache" (5.x, whose
+# Cache.update takes the attention kwargs), "past_key_values" or "past_key_value" (4.x, whose update
+# takes a cache_kwargs dict with the RoPE tables and cache_position).
+_CACHE_ARGS = ("cache", "past_key_values", "past_key_value")
+
+
+def _cache_arg(forward: Callable) -> str | None:
+    params = inspect.signature(forward).parameters
+    return next((name for name in _CACHE_ARGS if name in params), None)
+
+
+def _attention_interface(modeling: ModuleType, implementation: str) -> Callable:
+    """The attention function the modeling module's own forward would pick."""
+    functions = modeling.ALL_ATTENTION_FUNCTIONS
+    if hasattr(functions, "get_interface"):  # transformers 5
+        return functions.get_interface(implementation, modeling.eager_attention_forward)
+    return modeling.eager_attention_forward if implementation == "eager" else functions[implementation]
+
+
 def _patch_qwen3_attention(module: torch.nn.Module, tk: ModuleType) -> None:
     modeling = sys.modules[type(module).__module__]
     original = type(module).forward
+    cache_arg = _cache_arg(original)
 
-    # Arguments after position_embeddings pass through by keyword, as the decoder layer gives them;
-    # the cache keyword was renamed (past_key_values -> cache), so either is taken.
+    # Arguments after position_embeddings pass through by keyword, as the decoder layer gives them.
     def forward(self, hidden_states, position_embeddings, attention_mask=None, **kwargs):
         cos, sin = position_embeddings
         q_norm, k_norm = self.q_norm, self.k_norm
@@ -120,13 +140,16 @@ def _patch_qwen3_attention(module: torch.nn.Module, tk: ModuleType) -> None:
         query_states, key_states = query_states.transpose(1, 2), key_states.transpose(1, 2)
         value_states = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
 
-        cache = kwargs.pop("cache", None)
-        if cache is None:
-            cache = kwargs.pop("past_key_values", None)
-        if cache is not None:
-            key_states, value_states = cache.update(key_states, value_states, self.layer_idx, kwargs=kwargs)
-        attention_interface = modeling.ALL_ATTENTION_FUNCTIONS.get_interface(
-            self.config._attn_implementation, modeling.eager_attention_forward)
+        cache = kwargs.pop(cache_arg, None)
+        if cache_arg == "cache":
+            if cache is not None:
+                key_states, value_states = cache.update(key_states, value_states, self.layer_idx, kwargs=kwargs)
+        else:  # 4.x: cache_position is the forward's own argument, not an attention kwarg
+            cache_position = kwargs.pop("cache_position", None)
+            if cache is not None:
+                key_states, value_states = cache.update(key_states, value_states, self.layer_idx,
+                                                        {"sin": sin, "cos": cos, "cache_position": cache_position})
+        attention_interface = _attention_interface(modeling, self.config._attn_implementation)
         attn_output, attn_weights = attention_interface(
             self, query_states, key_states, value_states, attention_mask,
             dropout=0.0 if not self.training else self.attention_dropout, scaling=self.scaling,
@@ -151,10 +174,11 @@ def _qwen3_attention_skip(m) -> str | None:
         return f"q_norm and k_norm have different eps ({m.q_norm.variance_epsilon}, {m.k_norm.variance_epsilon})"
     if m.head_dim % 2:
         return f"odd head_dim {m.head_dim}: RoPE rotates pairs"
+    if _cache_arg(type(m).forward) is None:
+        return f"its forward takes none of the cache arguments this rule knows ({', '.join(_CACHE_ARGS)})"
     modeling = sys.modules.get(type(m).__module__)
-    if not (hasattr(modeling, "eager_attention_forward")
-            and hasattr(getattr(modeling, "ALL_ATTENTION_FUNCTIONS", None), "get_interface")):
-        return "its modeling module has no eager_attention_forward or ALL_ATTENTION_FUNCTIONS.get_interface"
+    if not (hasattr(modeling, "eager_attention_forward") and hasattr(modeling, "ALL_ATTENTION_FUNCTIONS")):
+        return "its modeling module has no eager_attention_forward or ALL_ATTENTION_FUNCTIONS"
     return None
 
 

@@ -30,6 +30,7 @@ if compgen -G ".whl/*.whl" > /dev/null; then
   export PYTHONPATH="/tmp/tk-site${PYTHONPATH:+:$PYTHONPATH}"
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv > "$R/gpu.txt"
+"$PYTHON" -c "import importlib.metadata as m; print({p: m.version(p) for p in ('torch', 'transformers', 'diffusers', 'kernels', 'accelerate')})" >> "$R/gpu.txt" 2>&1
 stage build "${BUILD_S:-240}" "$PYTHON" tools/build_kernel.py --archs native
 tail -3 "$R/build.log"
 stage tests "${TESTS_S:-150}" "$PYTHON" -m pytest -v --tb=short -p no:cacheprovider --maxfail=200 ${PYTEST_ARGS:-}

@@ -3,6 +3,7 @@
 On CPU the injected model runs with the eager reference code in place of the kernels and must give
 exactly the original logits (the wiring); on the GPU the real kernels run."""
 
+import inspect
 from types import SimpleNamespace
 
 import pytest
@@ -105,9 +106,11 @@ def test_wiring_matches_eager_model_exactly_on_cpu(name):
 
 def prefill_then_decode(model, ids):
     """Logits of a prefill of all but the last token, then of one decode step through the KV cache."""
+    # transformers 5 names the cache `cache`, 4.x `past_key_values`
+    cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     with torch.no_grad():
         prefill = model(ids[:, :-1], use_cache=True)
-        step = model(ids[:, -1:], cache=prefill.cache, use_cache=True)
+        step = model(ids[:, -1:], use_cache=True, **{cache_arg: prefill[cache_arg]})
     return prefill.logits, step.logits
 
 
