@@ -15,7 +15,10 @@ cd "$(dirname "$0")/.."
 OUT="$1"; shift
 PYTHON="${PYTHON:-python3}"
 export PYTHONUNBUFFERED=1
-R="$OUT/r"; mkdir -p "$R"
+# Results are written outside OUT and packed into OUT/results.tgz after every stage, so a call cut
+# short by the device's time limit still returns what it measured (the device returns few files).
+WORK="$(mktemp -d)"; R="$WORK/r"; mkdir -p "$R"
+pack() { tar -C "$WORK" -czf "$OUT/results.tgz.tmp" r && mv "$OUT/results.tgz.tmp" "$OUT/results.tgz"; }
 stage() {  # stage NAME SECONDS command...
   local name="$1" secs="$2"; shift 2
   [ "$secs" -gt 0 ] || return 0
@@ -24,6 +27,7 @@ stage() {  # stage NAME SECONDS command...
   timeout "$secs" "$@" > "$R/$name.log" 2>&1
   local rc=$?
   echo "=== $name: exit $rc after $((SECONDS - t0))s"
+  pack
 }
 if compgen -G ".whl/*.whl" > /dev/null; then
   "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/tk-site .whl/*.whl
@@ -48,4 +52,4 @@ stage ltx "${LTX_S:-0}" "$PYTHON" benchmarks/bench_ltx.py --matrix --num-frames 
 stage ltx_pipeline "${PIPELINE_S:-0}" "$PYTHON" benchmarks/bench_ltx.py --pipeline --num-frames 49 --height 512 \
   --width 768 --steps 10 --warmup-iterations 1 --out "$R"
 cat "$R"/*.md 2>/dev/null | head -150
-tar -C "$OUT" -czf "$OUT/results.tgz" r && rm -rf "$R"
+pack && rm -rf "$WORK"

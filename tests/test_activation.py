@@ -104,10 +104,10 @@ def test_strided_and_unaligned_inputs(tk):
     assert_matches_eager(tk.act_mul(gate, up, "silu"), eager, eager.double().abs() + 1e-3, 4)
 
 
-# ---- flat kernel and row kernel ----
-# The launcher takes the flat kernel when every pointer and row stride is 16-byte aligned and rows
-# are whole 16-byte vectors; otherwise the row kernel: vectors and a scalar tail when only the row
-# length is odd, scalars when anything is misaligned. Every path must give the same bits.
+# ---- every access path gives the same bits ----
+# 16-byte vectors when every pointer and row stride is aligned (rows back to back, or located
+# through RowIndexer's dividers), vectors and a scalar tail when only the row length is odd,
+# scalars when anything is misaligned. Every path must give the same bits.
 
 
 def misaligned(t):
@@ -120,13 +120,13 @@ def misaligned(t):
 
 def padded_rows(t, fill=0.0):
     """A copy of t in a buffer whose rows are 8 elements longer (16-byte aligned, not back to back:
-    the flat kernel decodes their rows), and that buffer."""
+    rows located through the row indexer), and that buffer."""
     buf = torch.full((*t.shape[:-1], t.shape[-1] + 8), fill, dtype=t.dtype, device=t.device)
     return buf[..., : t.shape[-1]].copy_(t), buf
 
 
 # name: (input shapes for (rows, h), call(tk, inputs, out), whether the inputs are [..., 2h] halves)
-FLAT_CASES = {
+PATH_CASES = {
     "silu": (lambda r, h: [(r, h)], lambda tk, xs, out: tk.silu(*xs, out=out), False),
     "gelu": (lambda r, h: [(r, h)], lambda tk, xs, out: tk.gelu(*xs, out=out), False),
     "gelu_tanh": (lambda r, h: [(r, h)], lambda tk, xs, out: tk.gelu(*xs, "tanh", out=out), False),
@@ -137,47 +137,46 @@ FLAT_CASES = {
     "gated_add_per_sample": (lambda r, h: [(2, r, h), (2, r, h), (2, 1, h)],
                              lambda tk, xs, out: tk.gated_add(*xs, out=out), False),
 }
-# Decode row; 17 vectors a row (bf16) and a partial last block; one vector a row; rows filling
-# exactly one 512-vector block (bf16); several blocks.
-FLAT_SHAPES = [(1, 14336), (33, 136), (3, 8), (4, 1024), (65, 2048)]
+# Decode row; 17 vectors a row (bf16); one vector a row; 128 and 256 vectors a row.
+PATH_SHAPES = [(1, 14336), (33, 136), (3, 8), (4, 1024), (65, 2048)]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("shape", FLAT_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
-@pytest.mark.parametrize("case", sorted(FLAT_CASES))
-def test_flat_and_row_kernels_give_the_same_bits(tk, case, shape, dtype):
-    shapes, call, halves = FLAT_CASES[case]
+@pytest.mark.parametrize("shape", PATH_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("case", sorted(PATH_CASES))
+def test_every_access_path_gives_the_same_bits(tk, case, shape, dtype):
+    shapes, call, halves = PATH_CASES[case]
     rows, h = shape
     xs = [random_input(s, dtype, scale=0.3 if i == 2 else 2.0) for i, s in enumerate(shapes(rows, h))]
     out_shape = (rows, h) if halves else xs[0].shape
-    flat = poisoned(out_shape, dtype)
-    call(tk, xs, flat)  # contiguous and aligned: the flat kernel, rows back to back
-    assert_all_written(flat)
+    dense = poisoned(out_shape, dtype)
+    call(tk, xs, dense)  # contiguous and aligned: vectors, rows back to back
+    assert_all_written(dense)
     if case.startswith("gated_add"):
-        assert torch.equal(flat, eager_gated_add(*xs))
+        assert torch.equal(dense, eager_gated_add(*xs))
 
-    # aligned rows that are not back to back, inputs and output: the flat kernel decoding rows
+    # aligned rows that are not back to back, inputs and output: vectors, rows through the indexer
     out, out_buf = padded_rows(poisoned(out_shape, dtype), fill=float("nan"))
     call(tk, [padded_rows(x)[0] for x in xs], out)
-    assert torch.equal(out, flat), "flat kernel with strided rows differs from dense rows"
+    assert torch.equal(out, dense), "strided rows differ from dense rows"
     assert out_buf[..., h:].isnan().all(), "wrote past the end of a row"
 
     # misaligned inputs and output: the row kernel, scalar
     out = misaligned(poisoned(out_shape, dtype))
     call(tk, [misaligned(x) for x in xs], out)
-    assert torch.equal(out, flat), "scalar row kernel differs from the flat kernel"
+    assert torch.equal(out, dense), "scalar path differs from the vector path"
 
     # aligned rows of h - 1 elements (not whole vectors): the row kernel, vectors and a scalar tail
     if not halves:
         out, out_buf = padded_rows(poisoned((*out_shape[:-1], h - 1), dtype), fill=float("nan"))
         call(tk, [x[..., : h - 1] for x in xs], out)
-        assert torch.equal(out, flat[..., : h - 1]), "vector row kernel differs from the flat kernel"
+        assert torch.equal(out, dense[..., : h - 1]), "vectors with a scalar tail differ from whole vectors"
         assert out_buf[..., h - 1:].isnan().all(), "wrote past the end of a row"
 
 
-def test_flat_kernel_decodes_strided_leading_dims(tk):
+def test_rows_through_strided_leading_dims(tk):
     """Leading dimensions that cannot merge (transposes, a table row) on inputs and the output:
-    the flat kernel locates each vector's row through 2-3 dimensions."""
+    each row is located through 2-3 dimensions (RowIndexer's 32-bit dividers)."""
     dtype = torch.bfloat16
     gate = random_input((4, 33, 8, 136), dtype).transpose(1, 2)  # [4, 8, 33, 136]
     up = random_input((4, 8, 33, 136), dtype)

@@ -1,6 +1,6 @@
-"""The flat elementwise kernel's index arithmetic on the host (no GPU): FastDivmod against / and %
-over divisors and numerators up to 2^31 - 1, FastRowIndexer against RowIndexer over random
-strided layouts. Compiles tests/host/divmod_check.cu with nvcc."""
+"""Row addressing arithmetic on the host (no GPU): FastDivmod against / and % over divisors and
+numerators up to 2^31 - 1, and RowIndexer's 32-bit fast path against its 64-bit division over
+random strided layouts. Compiles tests/host/divmod_check.cu with nvcc."""
 
 import shutil
 import subprocess
@@ -11,7 +11,7 @@ import pytest
 from conftest import ROOT
 
 
-def test_fast_divmod_and_fast_row_indexer_match_exact_division(tmp_path: Path):
+def test_fast_divmod_and_row_indexer_fast_path_match_exact_division(tmp_path: Path):
     nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
     if not Path(nvcc).exists():
         pytest.skip("needs nvcc to compile the host check")

@@ -16,11 +16,30 @@ struct RowIndexer {
   int ndim = 1;                    // leading dimensions, 1..kMaxRowDims
   int64_t sizes[kMaxRowDims] = {};    // [ndim]
   int64_t strides[kMaxRowDims] = {};  // [ndim], in elements
+  // sizes[1..ndim) as 32-bit dividers, valid when `fast`: every row index (so every size) is below
+  // kFastDivmodLimit. A 64-bit division is a ~70-instruction call; rows of a broadcast operand
+  // (AdaLN scale/shift [B, 1, D], a per-sample gate) need two per dimension, and in a kernel that
+  // spends ~20 instructions per element that was as much issue time as the arithmetic.
+  FastDivmod divisors[kMaxRowDims] = {};
+  bool fast = false;
 
   // Element offset of the start of row `row` (row-major over the leading dimensions).
   TK_HOST_DEVICE int64_t offset(int64_t row) const {
     if (ndim == 1) return row * strides[0];
     int64_t off = 0;
+    if (fast) {
+      uint32_t r = static_cast<uint32_t>(row);
+#pragma unroll
+      for (int d = kMaxRowDims - 1; d >= 1; --d) {
+        if (d < ndim) {
+          uint32_t quotient, remainder;
+          divisors[d].divmod(r, &quotient, &remainder);
+          off += static_cast<int64_t>(remainder) * strides[d];
+          r = quotient;
+        }
+      }
+      return off + static_cast<int64_t>(r) * strides[0];
+    }
 #pragma unroll
     for (int d = kMaxRowDims - 1; d >= 0; --d) {
       if (d < ndim) {
@@ -38,41 +57,6 @@ struct RowIndexer {
     return true;
   }
 };
-
-// RowIndexer's addressing for row indices below kFastDivmodLimit with the divisions precomputed,
-// for kernels that locate a row per vector rather than per row (flat elementwise): there a 64-bit
-// division per dimension would cost more instructions than the access it addresses.
-struct FastRowIndexer {
-  int ndim = 1;                       // as RowIndexer
-  int64_t strides[kMaxRowDims] = {};  // [ndim], in elements
-  FastDivmod sizes[kMaxRowDims] = {};  // [ndim]; sizes[0] is never divided by (row < the row count)
-
-  TK_HOST_DEVICE int64_t offset(uint32_t row) const {
-    if (ndim == 1) return static_cast<int64_t>(row) * strides[0];
-    int64_t off = 0;
-#pragma unroll
-    for (int d = kMaxRowDims - 1; d >= 1; --d) {
-      if (d < ndim) {
-        uint32_t quotient, remainder;
-        sizes[d].divmod(row, &quotient, &remainder);
-        off += static_cast<int64_t>(remainder) * strides[d];
-        row = quotient;
-      }
-    }
-    return off + static_cast<int64_t>(row) * strides[0];
-  }
-};
-
-// Host-side, once per launch; valid when the row count (so every size) is below kFastDivmodLimit.
-inline FastRowIndexer make_fast_row_indexer(const RowIndexer& rows) {
-  FastRowIndexer fast;
-  fast.ndim = rows.ndim;
-  for (int d = 0; d < rows.ndim; ++d) {
-    fast.strides[d] = rows.strides[d];
-    if (d > 0) fast.sizes[d] = FastDivmod(static_cast<uint32_t>(rows.sizes[d]));
-  }
-  return fast;
-}
 
 // Builds the indexer for the leading `ndim` dimensions given by `sizes`/`strides`, merging
 // neighbours that are laid out as one (stride[i] == stride[i+1] * size[i+1]) and dropping
@@ -97,6 +81,11 @@ inline bool make_row_indexer(const int64_t* sizes, const int64_t* strides, int n
     r.sizes[0] = 1;
     r.strides[0] = 0;
   }
+  int64_t rows = 1;
+  for (int d = 0; d < r.ndim; ++d) rows *= r.sizes[d];
+  r.fast = rows < static_cast<int64_t>(kFastDivmodLimit);
+  if (r.fast)
+    for (int d = 1; d < r.ndim; ++d) r.divisors[d] = FastDivmod(static_cast<uint32_t>(r.sizes[d]));
   *out = r;
   return true;
 }

@@ -1,5 +1,6 @@
-// Host-side check of common/divmod.cuh and FastRowIndexer (common/rows.cuh): FastDivmod against
-// the / and % operators, and FastRowIndexer::offset against RowIndexer::offset. Built and run by
+// Host-side check of common/divmod.cuh and RowIndexer's fast path (common/rows.cuh): FastDivmod
+// against the / and % operators, and RowIndexer::offset through its 32-bit dividers against the
+// same indexer's 64-bit division. Built and run by
 // tests/test_divmod.py; needs no GPU. Prints "ok" or the first mismatch, exits non-zero on one.
 #include <cstdint>
 #include <cstdio>
@@ -10,10 +11,9 @@
 #include "common/rows.cuh"
 
 using transformer_kernels::FastDivmod;
-using transformer_kernels::FastRowIndexer;
 using transformer_kernels::kFastDivmodLimit;
 using transformer_kernels::kMaxRowDims;
-using transformer_kernels::make_fast_row_indexer;
+using transformer_kernels::make_row_indexer;
 using transformer_kernels::RowIndexer;
 
 static bool check_divisor(uint32_t d, std::mt19937& rng) {
@@ -42,27 +42,36 @@ static bool check_divisor(uint32_t d, std::mt19937& rng) {
 static bool check_row_indexer(std::mt19937& rng) {
   std::uniform_int_distribution<int> dims(1, kMaxRowDims);
   std::uniform_int_distribution<int64_t> size(1, 300), stride(0, int64_t{1} << 34);
+  int fast_layouts = 0;
   for (int trial = 0; trial < 20000; ++trial) {
+    const int ndim = dims(rng);
+    int64_t sizes[kMaxRowDims], strides[kMaxRowDims];
+    for (int d = 0; d < ndim; ++d) sizes[d] = size(rng), strides[d] = stride(rng);
     RowIndexer rows;
-    rows.ndim = dims(rng);
+    if (!make_row_indexer(sizes, strides, ndim, &rows)) return false;
     int64_t count = 1;
-    for (int d = 0; d < rows.ndim; ++d) {
-      rows.sizes[d] = size(rng);
-      rows.strides[d] = stride(rng);
-      count *= rows.sizes[d];
+    for (int d = 0; d < rows.ndim; ++d) count *= rows.sizes[d];
+    if (rows.fast != (count < kFastDivmodLimit)) {
+      std::printf("RowIndexer: fast %d for %lld rows\n", rows.fast, static_cast<long long>(count));
+      return false;
     }
-    if (count >= kFastDivmodLimit) continue;  // FastRowIndexer's range: flat kernels check it on the host
-    const FastRowIndexer fast = make_fast_row_indexer(rows);
+    if (!rows.fast || rows.ndim == 1) continue;
+    ++fast_layouts;
+    RowIndexer exact = rows;
+    exact.fast = false;
     std::uniform_int_distribution<int64_t> row(0, count - 1);
     for (int k = 0; k < 16; ++k) {
       const int64_t r = k == 0 ? count - 1 : row(rng);
-      if (fast.offset(static_cast<uint32_t>(r)) != rows.offset(r)) {
-        std::printf("FastRowIndexer ndim %d: row %lld -> %lld, expected %lld\n", rows.ndim,
-                    static_cast<long long>(r), static_cast<long long>(fast.offset(static_cast<uint32_t>(r))),
-                    static_cast<long long>(rows.offset(r)));
+      if (rows.offset(r) != exact.offset(r)) {
+        std::printf("RowIndexer ndim %d: row %lld -> %lld, expected %lld\n", rows.ndim, static_cast<long long>(r),
+                    static_cast<long long>(rows.offset(r)), static_cast<long long>(exact.offset(r)));
         return false;
       }
     }
+  }
+  if (fast_layouts < 1000) {
+    std::printf("only %d layouts took the fast path\n", fast_layouts);
+    return false;
   }
   return true;
 }
