@@ -1,6 +1,7 @@
 """Row addressing arithmetic on the host (no GPU): FastDivmod against / and % over divisors and
 numerators up to 2^31 - 1, and RowIndexer's 32-bit fast path against its 64-bit division over
-random strided layouts. Compiles tests/host/divmod_check.cu with nvcc."""
+random strided layouts, and no fast path (no divider of 0) for empty layouts. Compiles
+tests/host/divmod_check.cu with nvcc."""
 
 import shutil
 import subprocess

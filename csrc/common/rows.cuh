@@ -83,7 +83,8 @@ inline bool make_row_indexer(const int64_t* sizes, const int64_t* strides, int n
   }
   int64_t rows = 1;
   for (int d = 0; d < r.ndim; ++d) rows *= r.sizes[d];
-  r.fast = rows < static_cast<int64_t>(kFastDivmodLimit);
+  // No rows (a zero-size dimension): nothing is ever located, and a divider of 0 would divide by 0.
+  r.fast = rows > 0 && rows < static_cast<int64_t>(kFastDivmodLimit);
   if (r.fast)
     for (int d = 1; d < r.ndim; ++d) r.divisors[d] = FastDivmod(static_cast<uint32_t>(r.sizes[d]));
   *out = r;
