@@ -12,5 +12,9 @@ l1tex__t_sector_hit_rate.pct,l1tex__throughput.avg.pct_of_peak_sustained_active,
 sm__warps_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread,launch__block_size,\
 launch__occupancy_limit_registers,sm__throughput.avg.pct_of_peak_sustained_elapsed,\
 lts__t_sectors_srcunit_tex_op_read.sum,lts__t_sector_hit_rate.pct
-"$NCU" --clock-control none --metrics "$METRICS" --csv \
+# WarpStateStats (why warps stall) and InstructionStats / ComputeWorkloadAnalysis (which pipes
+# issue): the modulated norms are 80 % SM-busy at 60 % of copy, and guesses at the cause
+# (conversions, 64-bit divisions) bought a few points each (NOTES.md, session 3).
+"$NCU" --clock-control none --metrics "$METRICS" --section WarpStateStats --section InstructionStats \
+  --section ComputeWorkloadAnalysis --csv \
   "${PYTHON:-python3}" benchmarks/ncu_probe.py > "$1"

@@ -71,6 +71,13 @@ constexpr int kBlockCachedVecs = TK_BLOCK_CACHED_VECS;
 #ifndef TK_FUSED_CACHED_VECS  // TK_CUDA_FLAGS=-DTK_FUSED_CACHED_VECS=2 python tools/build_kernel.py
 #define TK_FUSED_CACHED_VECS 4
 #endif
+// Whether the last pass loads the weight/scale/shift vectors of all cached vectors before any
+// math and store (1), or each vector's just before its own (0, the measured default). Tuning knob
+// for the A/B: TK_CUDA_FLAGS=-DTK_NORM_PREFETCH_PARAMS=1 python tools/build_kernel.py
+#ifndef TK_NORM_PREFETCH_PARAMS
+#define TK_NORM_PREFETCH_PARAMS 0
+#endif
+constexpr bool kPrefetchParams = TK_NORM_PREFETCH_PARAMS != 0;
 template <int kThreadsPerRow, bool kFused>
 constexpr int cached_vecs() {
   return kFused ? TK_FUSED_CACHED_VECS : (kThreadsPerRow == 0 ? kBlockCachedVecs : kCachedVecs);
@@ -103,13 +110,15 @@ __global__ void norm_kernel(const NormParams<T, weight_t, out_t> p) {
   const T* res = kPre != PreAdd::kNone ? p.residual + p.residual_rows.offset(row) : nullptr;
   const T* gate = kPre == PreAdd::kGated ? p.gate + p.gate_rows.offset(row) : nullptr;
   T* h_out = kPre != PreAdd::kNone && p.h_out != nullptr ? p.h_out + p.h_rows.offset(row) : nullptr;
-  const int64_t num_vecs = p.hidden / kVec;
-  const int64_t tail_start = num_vecs * kVec;
-  const int64_t tail_col = tail_start + lane;
-  const bool has_tail = tail_col < p.hidden;  // the tail is < kVec <= 8 elements
+  // Column indices are 32-bit (the binding caps a row below 2^31 elements): 64-bit ones cost two
+  // or three integer instructions per address, and these kernels issue more integer than float work.
+  const int hidden = static_cast<int>(p.hidden);
+  const int num_vecs = hidden / kVec;
+  const int tail_col = num_vecs * kVec + lane;
+  const bool has_tail = tail_col < hidden;  // the tail is < kVec <= 8 elements
 
   // h for one element (the tail) and one vector, with the eager rounding of each op.
-  auto h_scalar = [&](int64_t col) -> float {
+  auto h_scalar = [&](int col) -> float {
     float h = to_float(x[col]);
     if constexpr (kPre == PreAdd::kResidual) h = round_through<T>(__fadd_rn(h, to_float(res[col])));
     if constexpr (kPre == PreAdd::kGated)
@@ -118,7 +127,7 @@ __global__ void norm_kernel(const NormParams<T, weight_t, out_t> p) {
   };
   // Loads vector v of h. Once pass 1 has stored h (h_out), later passes read it back from there:
   // x and residual may be the outputs of an in-place call and already overwritten.
-  auto load_h = [&](int64_t v, bool stored) -> vec {
+  auto load_h = [&](int v, bool stored) -> vec {
     vec h;
     if (kPre == PreAdd::kNone || (stored && h_out != nullptr)) {
       h.load((kPre == PreAdd::kNone ? x : h_out) + v * kVec);
@@ -148,14 +157,14 @@ __global__ void norm_kernel(const NormParams<T, weight_t, out_t> p) {
   vec cached[kCachedVecs];
 #pragma unroll
   for (int k = 0; k < kCachedVecs; ++k) {
-    const int64_t v = lane + static_cast<int64_t>(k) * threads;
+    const int v = lane + k * threads;
     if (v < num_vecs) cached[k] = load_h(v, false);
   }
   const float tail_h = has_tail ? h_scalar(tail_col) : 0.f;
   if (h_out != nullptr) {
 #pragma unroll
     for (int k = 0; k < kCachedVecs; ++k) {
-      const int64_t v = lane + static_cast<int64_t>(k) * threads;
+      const int v = lane + k * threads;
       if (v < num_vecs) cached[k].store(h_out + v * kVec);
     }
     if (has_tail) h_out[tail_col] = from_float<T>(tail_h);
@@ -164,13 +173,13 @@ __global__ void norm_kernel(const NormParams<T, weight_t, out_t> p) {
   float acc = has_tail ? stat_term(tail_h) : 0.f;
 #pragma unroll
   for (int k = 0; k < kCachedVecs; ++k) {
-    const int64_t v = lane + static_cast<int64_t>(k) * threads;
+    const int v = lane + k * threads;
     if (v < num_vecs) {
 #pragma unroll
       for (int i = 0; i < kVec; ++i) acc += stat_term(to_float(cached[k][i]));
     }
   }
-  for (int64_t v = lane + static_cast<int64_t>(kCachedVecs) * threads; v < num_vecs; v += threads) {
+  for (int v = lane + kCachedVecs * threads; v < num_vecs; v += threads) {
     const vec h = load_h(v, false);
     if (h_out != nullptr) h.store(h_out + v * kVec);
 #pragma unroll
@@ -189,7 +198,7 @@ __global__ void norm_kernel(const NormParams<T, weight_t, out_t> p) {
     if (has_tail) m2 = (tail_h - mean) * (tail_h - mean);
 #pragma unroll
     for (int k = 0; k < kCachedVecs; ++k) {
-      const int64_t v = lane + static_cast<int64_t>(k) * threads;
+      const int v = lane + k * threads;
       if (v < num_vecs) {
 #pragma unroll
         for (int i = 0; i < kVec; ++i) {
@@ -198,7 +207,7 @@ __global__ void norm_kernel(const NormParams<T, weight_t, out_t> p) {
         }
       }
     }
-    for (int64_t v = lane + static_cast<int64_t>(kCachedVecs) * threads; v < num_vecs; v += threads) {
+    for (int v = lane + kCachedVecs * threads; v < num_vecs; v += threads) {
       const vec h = load_h(v, true);
 #pragma unroll
       for (int i = 0; i < kVec; ++i) {
@@ -244,29 +253,31 @@ __global__ void norm_kernel(const NormParams<T, weight_t, out_t> p) {
       }
     }
   };
-  auto store_vec = [&](const vec& h, int64_t v) {
+  // One vector's per-column parameters (weight, bias, scale, shift) as loaded; the members an op
+  // does not use are never loaded and compile away.
+  struct ColumnParams {
+    vec_t<weight_t, kVec> w, b;
+    vec s, sh;
+  };
+  auto load_params = [&](int v) {
+    ColumnParams c;
+    if (p.weight != nullptr) c.w.load(p.weight + v * kVec);
+    if (kNorm == NormType::kLayer && p.bias != nullptr) c.b.load(p.bias + v * kVec);
+    if constexpr (kMod) {
+      c.s.load(scale + v * kVec);
+      if (shift != nullptr) c.sh.load(shift + v * kVec);
+    }
+    return c;
+  };
+  auto store_vec = [&](const vec& h, const ColumnParams& c, int v) {
     float w[kVec], b[kVec], s[kVec], sh[kVec];
 #pragma unroll
     for (int i = 0; i < kVec; ++i) w[i] = 1.f, b[i] = 0.f, s[i] = 0.f, sh[i] = 0.f;
-    if (p.weight != nullptr) {
-      vec_t<weight_t, kVec> wv;
-      wv.load(p.weight + v * kVec);
-      wv.cast_to(w);
-    }
-    if (kNorm == NormType::kLayer && p.bias != nullptr) {
-      vec_t<weight_t, kVec> bv;
-      bv.load(p.bias + v * kVec);
-      bv.cast_to(b);
-    }
+    if (p.weight != nullptr) c.w.cast_to(w);
+    if (kNorm == NormType::kLayer && p.bias != nullptr) c.b.cast_to(b);
     if constexpr (kMod) {
-      vec sv;
-      sv.load(scale + v * kVec);
-      sv.cast_to(s);
-      if (shift != nullptr) {
-        vec shv;
-        shv.load(shift + v * kVec);
-        shv.cast_to(sh);
-      }
+      c.s.cast_to(s);
+      if (shift != nullptr) c.sh.cast_to(sh);
     }
     float y[kVec];
     h.cast_to(y);
@@ -275,15 +286,32 @@ __global__ void norm_kernel(const NormParams<T, weight_t, out_t> p) {
     o.cast_from(y);
     o.store(out + v * kVec);
   };
+  if constexpr (kPrefetchParams) {
+    // Every cached vector's parameters in flight at once. Interleaved with the stores, each
+    // vector's loads wait for the previous store: out may alias nothing, but the compiler cannot
+    // know that, so it keeps program order (the SASS shows four serial round trips).
+    ColumnParams params[kCachedVecs];
 #pragma unroll
-  for (int k = 0; k < kCachedVecs; ++k) {
-    const int64_t v = lane + static_cast<int64_t>(k) * threads;
-    if (v < num_vecs) store_vec(cached[k], v);
+    for (int k = 0; k < kCachedVecs; ++k) {
+      const int v = lane + k * threads;
+      if (v < num_vecs) params[k] = load_params(v);
+    }
+#pragma unroll
+    for (int k = 0; k < kCachedVecs; ++k) {
+      const int v = lane + k * threads;
+      if (v < num_vecs) store_vec(cached[k], params[k], v);
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < kCachedVecs; ++k) {
+      const int v = lane + k * threads;
+      if (v < num_vecs) store_vec(cached[k], load_params(v), v);
+    }
   }
-  for (int64_t v = lane + static_cast<int64_t>(kCachedVecs) * threads; v < num_vecs; v += threads)
-    store_vec(load_h(v, true), v);
+  for (int v = lane + kCachedVecs * threads; v < num_vecs; v += threads)
+    store_vec(load_h(v, true), load_params(v), v);
   if (has_tail) {
-    const int64_t c = tail_col;
+    const int c = tail_col;
     float y[1] = {tail_h};
     const float w[1] = {p.weight ? to_float(p.weight[c]) : 1.f};
     const float b[1] = {kNorm == NormType::kLayer && p.bias ? to_float(p.bias[c]) : 0.f};
