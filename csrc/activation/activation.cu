@@ -80,6 +80,7 @@ void check_x(const char* op, const at::Tensor& x) {
   check_float_dtype(op, x, "x");
   check_last_dim_contiguous(op, x, "x");
   check_row_count(op, num_rows(x), "x");
+  check_row_length(op, x, "x");
 }
 
 // ---- act(x) ----

@@ -87,15 +87,17 @@ __global__ void elementwise_kernel(const ElementwiseParams<T> p) {
   const T* __restrict__ b = kOp != Elementwise::kAct ? p.b + p.b_rows.offset(row) : nullptr;
   const T* __restrict__ c = kOp == Elementwise::kGatedAdd ? p.c + p.c_rows.offset(row) : nullptr;
   T* __restrict__ out = p.out + p.out_rows.offset(row);
-  const int64_t num_vecs = p.cols / kVec;
+  // Column indices are 32-bit (the binding caps rows below 2^31 elements): cheaper addresses.
+  const int cols = static_cast<int>(p.cols);
+  const int num_vecs = cols / kVec;
 
   // kVecsPerThread vectors per thread per step, all loads issued before any math or store, so
   // that each thread keeps that many 16-byte loads of every operand in flight.
-  for (int64_t base = lane; base < num_vecs; base += static_cast<int64_t>(threads) * kVecsPerThread) {
+  for (int base = lane; base < num_vecs; base += threads * kVecsPerThread) {
     vec av[kVecsPerThread], bv[kVecsPerThread], cv[kVecsPerThread];
 #pragma unroll
     for (int u = 0; u < kVecsPerThread; ++u) {
-      const int64_t v = base + static_cast<int64_t>(u) * threads;
+      const int v = base + u * threads;
       if (v < num_vecs) {
         av[u].load(a + v * kVec);
         if constexpr (kOp != Elementwise::kAct) bv[u].load(b + v * kVec);
@@ -104,7 +106,7 @@ __global__ void elementwise_kernel(const ElementwiseParams<T> p) {
     }
 #pragma unroll
     for (int u = 0; u < kVecsPerThread; ++u) {
-      const int64_t v = base + static_cast<int64_t>(u) * threads;
+      const int v = base + u * threads;
       if (v < num_vecs) {
         vec ov;
 #pragma unroll
@@ -117,7 +119,7 @@ __global__ void elementwise_kernel(const ElementwiseParams<T> p) {
       }
     }
   }
-  for (int64_t col = num_vecs * kVec + lane; col < p.cols; col += threads) {
+  for (int col = num_vecs * kVec + lane; col < cols; col += threads) {
     const float bf = kOp != Elementwise::kAct ? to_float(b[col]) : 0.f;
     const float cf = kOp == Elementwise::kGatedAdd ? to_float(c[col]) : 0.f;
     out[col] = from_float<T>(apply<T, kOp, kAct>(to_float(a[col]), bf, cf));

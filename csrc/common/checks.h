@@ -198,4 +198,12 @@ inline void check_row_count(const char* op, int64_t rows, const char* name) {
                     " are supported");
 }
 
+// Kernels index within a row in 32 bits (64-bit column arithmetic costs two or three integer
+// instructions per address in kernels that already issue more integer than float work).
+inline void check_row_length(const char* op, const at::Tensor& t, const char* name) {
+  constexpr int64_t kMaxRowLength = std::numeric_limits<int32_t>::max();
+  TORCH_CHECK_VALUE(t.size(-1) <= kMaxRowLength, op, ": ", name, "'s last dimension must be at most ", kMaxRowLength,
+                    ", got ", t.size(-1));
+}
+
 }  // namespace transformer_kernels

@@ -3,7 +3,6 @@
 #include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAGuard.h>
 
-#include <limits>
 #include <optional>
 #include <string_view>
 #include <tuple>
@@ -44,9 +43,7 @@ void check_x(const char* op, const at::Tensor& x) {
   check_float_dtype(op, x, "x");
   check_last_dim_contiguous(op, x, "x");
   check_row_count(op, num_rows(x), "x");
-  // The kernels index within a row in 32 bits.
-  TORCH_CHECK_VALUE(x.size(-1) <= std::numeric_limits<int32_t>::max(), op,
-                    ": x's last dimension must be below 2^31, got ", x.size(-1));
+  check_row_length(op, x, "x");
 }
 
 // A per-feature parameter: [hidden], contiguous, x's dtype or float32 (norm weights are often
