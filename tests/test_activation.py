@@ -238,6 +238,9 @@ BAD = {
     "gate_not_broadcast": (lambda t: t.gated_add(_bf(2, 3, 8), _bf(2, 3, 8), _bf(3, 1, 8)), ValueError,
                            "does not broadcast"),
     "last_dim_strided": (lambda t: t.silu(_bf(8, 4).t()), ValueError, "contiguous in its last dimension"),
+    # 2^31 elements in a row (4 GB): the kernel indexes within a row in 32 bits
+    "row_too_long": (lambda t: t.silu(torch.empty(1, 2**31, device="cuda", dtype=torch.bfloat16)), ValueError,
+                     "last dimension must be at most 2147483647"),
 }
 
 

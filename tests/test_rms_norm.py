@@ -167,6 +167,9 @@ BAD = {
     "eps_negative": (lambda: dict(eps=-1e-6), ValueError, "eps must be a finite number"),
     "eps_nan": (lambda: dict(eps=float("nan")), ValueError, "eps must be a finite number"),
     "rounding": (lambda: dict(rounding="llama"), ValueError, "rounding must be"),
+    # 2^31 elements in a row (4 GB): the kernels index within a row in 32 bits
+    "x_row_too_long": (lambda: dict(x=torch.empty(1, 2**31, **_BF16), weight=None), ValueError,
+                       "last dimension must be at most 2147483647"),
 }
 
 
