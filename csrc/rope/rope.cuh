@@ -219,7 +219,7 @@ TK_DEVICE void store_pairs(T* row, int j0, int num_pairs, const T (&y1)[kPairs],
 #pragma unroll
     for (int i = 0; i < kPairs; ++i) a[i] = y1[i], b[i] = y2[i];
     a.store(row + j0);
-    b.store(row + j0 + num_pairs);
+    b.store(row + (j0 + num_pairs));  // an int offset: a 64-bit one stays live through the math (+8 registers)
   } else {
     vec_t<T, 2 * kPairs> o;
 #pragma unroll
@@ -268,9 +268,17 @@ __global__ void rope_kernel(const RopeParams<T, table_t> p) {
     sin = p.sin + b * p.table_b + s * p.table_s;
   }
 
+  // Cache and coordinate forms: one cosine and one sine per pair, shared by its two elements.
+  auto share_pairs = [&](float (&c1)[kPairs], float (&c2)[kPairs], float (&s1)[kPairs], float (&s2)[kPairs]) {
+#pragma unroll
+    for (int i = 0; i < kPairs; ++i) {
+      if (!position_ok) c1[i] = s1[i] = __int_as_float(0x7fc00000);  // NaN: the position has no row
+      c2[i] = c1[i], s2[i] = s1[i];
+    }
+  };
   for (int j0 = lane * kPairs; j0 < num_pairs; j0 += threads * kPairs) {
     float c1[kPairs], c2[kPairs], s1[kPairs], s2[kPairs];
-    if constexpr (kCache) {  // the cache row first (fewer registers than after x)
+    if constexpr (kCache) {  // the cache row before x, as before the coordinate form (40 registers, not 48)
       if constexpr (kPairs == 1) {
         c1[0] = to_float(cos[j0]), s1[0] = to_float(sin[j0]);
       } else {
@@ -280,18 +288,15 @@ __global__ void rope_kernel(const RopeParams<T, table_t> p) {
         cv.cast_to(c1);
         sv.cast_to(s1);
       }
+      share_pairs(c1, c2, s1, s2);
     }
     float x1[kRows][kPairs], x2[kRows][kPairs];
 #pragma unroll
     for (int r = 0; r < kRows; ++r) load_pairs<kStyle, kPairs>(x[r], j0, num_pairs, x1[r], x2[r]);
-    if constexpr (kCoords) p.coords.cos_sin(g, j0, c1, s1);  // after x's loads: the math hides their latency
-    if constexpr (kCoords || kCache) {  // one cosine and one sine per pair, shared by its two elements
-#pragma unroll
-      for (int i = 0; i < kPairs; ++i) {
-        if (!position_ok) c1[i] = s1[i] = __int_as_float(0x7fc00000);  // NaN: the position has no row
-        c2[i] = c1[i], s2[i] = s1[i];
-      }
-    } else {
+    if constexpr (kCoords) {  // after x's loads: the math hides their latency
+      p.coords.cos_sin(g, j0, c1, s1);
+      share_pairs(c1, c2, s1, s2);
+    } else if constexpr (!kCache) {
       load_pairs<kStyle, kPairs>(cos, j0, num_pairs, c1, c2);
       load_pairs<kStyle, kPairs>(sin, j0, num_pairs, s1, s2);
     }
