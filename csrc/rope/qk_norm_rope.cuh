@@ -97,7 +97,7 @@ __global__ void qk_norm_rope_kernel(const QkNormRopeParams<T, weight_t, table_t>
                     (kSource == CosSinSource::kLtxCoords && kForm == QkNormRopeForm::kDiffusers),
                 "tables, or LTX's coordinates with diffusers' form");
   constexpr bool kCoords = kSource == CosSinSource::kLtxCoords;
-  constexpr int kRows = rows_per_group(kSource);  // kRows == heads() when 2 (host-checked)
+  constexpr int kRows = rows_per_group(kSource);  // 2: q and k one row each per token (the ops take [B, S, C])
   constexpr int kUnitVecs = vecs_per_unit(kForm);
   constexpr int kCachedUnits = kCachedVecs / kUnitVecs;  // per row
   constexpr bool kFp32Rotation = !half_rotation(kForm);  // diffusers: one rounding; transformers: per op

@@ -235,7 +235,7 @@ __global__ void rope_kernel(const RopeParams<T, table_t> p) {
   constexpr bool kCache = kSource == CosSinSource::kCache;
   constexpr bool kCoords = kSource == CosSinSource::kLtxCoords;
   static_assert(!kCoords || (kStyle == RopeStyle::kInterleaved && kFp32Math), "LTX rotates interleaved pairs in fp32");
-  constexpr int kRows = rows_per_group(kSource);  // kRows == heads() when 2 (host-checked)
+  constexpr int kRows = rows_per_group(kSource);  // 2: q and k one row each per token (the ops take [B, S, C])
   const int threads = 1 << p.log2_threads_per_row;
   const int lane = threadIdx.x & (threads - 1);
   const int64_t group = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> p.log2_threads_per_row) +
