@@ -278,8 +278,10 @@ cudaError_t qk_norm_rope(const QkNormRopeParams<T, weight_t, table_t>& p, cudaSt
   constexpr int kVec = vec_size<T>();
   constexpr int kMinVec = qk_norm_rope_detail::min_vec(kForm);
   using qk_norm_rope_detail::launch;
-  return qk_norm_rope_aligned<kForm, kSource, kVec>(p) ? launch<kForm, kSource, T, weight_t, table_t, kVec>(p, stream)
-                                                        : launch<kForm, kSource, T, weight_t, table_t, kMinVec>(p, stream);
+  if (qk_norm_rope_aligned<kForm, kSource, kVec>(p)) {
+    return launch<kForm, kSource, T, weight_t, table_t, kVec>(p, stream);
+  }
+  return launch<kForm, kSource, T, weight_t, table_t, kMinVec>(p, stream);
 }
 
 }  // namespace transformer_kernels
