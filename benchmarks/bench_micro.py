@@ -278,6 +278,7 @@ def rope_cases(tk, quick: bool) -> Iterator[Case]:
                                                       tk.rms_norm(k, wk, 1e-6, rounding="torch"), cos, sin)
     yield Case("qk_norm_rope (ltx)", "2x8064x2048", "bfloat16", 2 * nbytes(q, k) + nbytes(cos, sin), impls,
                note="LTX-Video 2B self-attention: norm_q, norm_k and apply_rotary_emb")
+    yield from ltx_from_coords_cases(tk, q, k, wq, wk)
     # Flux: q, k [1, 4608, 24, 128], fp32 tables [4608, 128]
     q, k = torch.randn(1, 4608, 24, 128, **bf16), torch.randn(1, 4608, 24, 128, **bf16)
     angles = torch.rand(4608, 64, device="cuda") * 100
@@ -287,6 +288,37 @@ def rope_cases(tk, quick: bool) -> Iterator[Case]:
                               lambda q, k, c, s: (diffusers_interleaved_rotary(q, c[None, :, None], s[None, :, None]),
                                                   diffusers_interleaved_rotary(k, c[None, :, None], s[None, :, None])),
                               (q, k, cos, sin)), note="Flux 1024x1024 (4096 image + 512 text tokens)")
+
+
+def ltx_from_coords_cases(tk, q: torch.Tensor, k: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor) -> Iterator[Case]:
+    """LTX-Video 2B's rotation and fused q/k norm + rotation with cos/sin computed in the kernel from
+    the coordinates LTXVideoRotaryPosEmbed builds its tables from (grid [2, 8064, 3], freqs [341]).
+    Bytes: q, k in and out, grid and freqs. The baselines apply the module's own fp32 tables, as
+    the model does: it builds them once per forward for all 28 blocks, so that is not timed."""
+    try:
+        from diffusers.models.transformers.transformer_ltx import LTXVideoRotaryPosEmbed
+    except ImportError:
+        return
+    from integrations.diffusers_models import ltx_rope_coords
+
+    rope = LTXVideoRotaryPosEmbed(2048, base_num_frames=20, base_height=2048, base_width=2048, patch_size=1,
+                                  patch_size_t=1, theta=10000.0)
+    # 21 latent frames of 16x24 = 8064 tokens, the scale the LTX pipeline passes at 25 fps
+    args = (q, 21, 16, 24, (8 / 25, 32, 32))
+    cos, sin = rope(*args)
+    grid, freqs = ltx_rope_coords(rope, *args)
+    impls = with_baselines(lambda: tk.ltx_rotary_emb_from_coords(q, k, grid, freqs),
+                           lambda q, k, c, s: (diffusers_interleaved_rotary(q, c, s),
+                                               diffusers_interleaved_rotary(k, c, s)), (q, k, cos, sin))
+    impls["ours tables"] = lambda: tk.ltx_rotary_emb(q, k, cos, sin)
+    yield Case("rope (ltx from coords)", "2x8064x2048", "bfloat16", 2 * nbytes(q, k) + nbytes(grid, freqs), impls,
+               note="cos/sin from grid and freqs in the kernel; baselines read the fp32 tables")
+    impls = with_baselines(lambda: tk.ltx_qk_norm_rope_from_coords(q, k, wq, wk, 1e-6, grid, freqs),
+                           lambda q, k, c, s: diffusers_qk_norm_rope(q, k, wq, wk, 1e-6, c, s), (q, k, cos, sin))
+    impls["ours tables"] = lambda: tk.ltx_qk_norm_rope(q, k, wq, wk, 1e-6, cos, sin)
+    yield Case("qk_norm_rope (ltx from coords)", "2x8064x2048", "bfloat16",
+               2 * nbytes(q, k) + nbytes(grid, freqs), impls,
+               note="norm_q, norm_k and the rotation, cos/sin from grid and freqs; baselines read the fp32 tables")
 
 
 OPS = {"rms_norm": rms_norm_cases, "activation": activation_cases, "fused_add_rms_norm": fused_add_rms_norm_cases,

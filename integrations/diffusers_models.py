@@ -14,8 +14,9 @@ hooks whole components, so injecting before or after it works.
 
 from __future__ import annotations
 
+import math
 from types import ModuleType
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -225,6 +226,40 @@ class LTXAttnProcessor:
 
     def _qk_norm(self, norm: torch.nn.RMSNorm, x: torch.Tensor) -> torch.Tensor:
         return _torch_rms_norm(self.tk, norm, x)
+
+
+class LTXRopeCoords(NamedTuple):
+    """What ``LTXVideoRotaryPosEmbed`` builds its fp32 cos/sin tables from, for the kernels'
+    ``ltx_*_from_coords`` ops: ``grid`` ``[B, S, 3]`` float32 (frame, height, width per token, a
+    strided view) and ``freqs`` ``[dim // 6]`` float32."""
+
+    grid: torch.Tensor
+    freqs: torch.Tensor
+
+
+def ltx_rope_coords(rope: torch.nn.Module, hidden_states: torch.Tensor, num_frames: int | None = None,
+                    height: int | None = None, width: int | None = None, rope_interpolation_scale=None,
+                    video_coords: torch.Tensor | None = None) -> LTXRopeCoords:
+    """``LTXVideoRotaryPosEmbed.forward`` up to (not including) its angles: the same arguments, and
+    the same float32 ops on the same device (the grid through the module's own
+    ``_prepare_video_coords``), so the kernels' cos/sin equal the module's tables bit for bit.
+
+    Not used by ``inject`` yet: the LTX processor still takes the module's tables. Switching (after
+    a GPU run of tests/test_rope.py's coordinate tests) is two steps: a rule patching
+    ``LTXVideoRotaryPosEmbed.forward`` to return ``ltx_rope_coords(self, ...)``, and
+    ``LTXAttnProcessor`` calling ``tk.ltx_qk_norm_rope_from_coords`` / ``tk.ltx_rotary_emb_from_coords``
+    with ``*image_rotary_emb`` where it now calls the table forms (an ``LTXRopeCoords`` passed to
+    the table forms is rejected: its grid is no ``[B, S, C]`` table)."""
+    if video_coords is None:
+        grid = rope._prepare_video_coords(hidden_states.size(0), num_frames, height, width,
+                                          rope_interpolation_scale=rope_interpolation_scale,
+                                          device=hidden_states.device)
+    else:
+        grid = torch.stack([video_coords[:, 0] / rope.base_num_frames, video_coords[:, 1] / rope.base_height,
+                            video_coords[:, 2] / rope.base_width], dim=-1)
+    freqs = rope.theta ** torch.linspace(math.log(1.0, rope.theta), math.log(rope.theta, rope.theta), rope.dim // 6,
+                                         device=hidden_states.device, dtype=torch.float32)
+    return LTXRopeCoords(grid, freqs * math.pi / 2.0)
 
 
 # ---- the table ----

@@ -88,3 +88,39 @@ def vllm_rotary_embedding_native(positions, query, key, head_size, cos_sin_cache
         return torch.cat((rotated, x_pass), dim=-1).flatten(-2)
 
     return apply(query), apply(key)
+
+
+def ltx_angles_from_coords(grid: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    """The angles [B, S, 3F] diffusers' ``LTXVideoRotaryPosEmbed.forward`` computes from its grid
+    [B, S, 3] and freqs [F], in its fp32 ops and order (angle index 3f + axis)."""
+    angles = freqs * (grid.unsqueeze(-1) * 2 - 1)
+    return angles.transpose(-1, -2).flatten(2)
+
+
+def ltx_angles_by_index(grid: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    """The same angles written as the kernels compute them: angle j = freqs[j // 3] * (grid[j % 3] * 2 - 1)."""
+    j = torch.arange(3 * freqs.shape[0], device=grid.device)
+    return freqs[j // 3] * (grid[..., j % 3] * 2 - 1)
+
+
+def ltx_tables_from_angles(angles: torch.Tensor, dim: int, cos_sin=(torch.cos, torch.sin)):
+    """cos/sin tables [B, S, dim] from the angles: each angle's pair repeated, dim - 6F identity
+    channels (cos 1, sin 0) in front, as ``LTXVideoRotaryPosEmbed`` lays them out."""
+    cos, sin = (f(angles).repeat_interleave(2, dim=-1) for f in cos_sin)
+    pad = dim - cos.shape[-1]
+    if pad:
+        cos = torch.cat([cos.new_ones(*cos.shape[:-1], pad), cos], dim=-1)
+        sin = torch.cat([sin.new_zeros(*sin.shape[:-1], pad), sin], dim=-1)
+    return cos, sin
+
+
+def ltx_tables_from_coords(grid: torch.Tensor, freqs: torch.Tensor, dim: int):
+    """diffusers' fp32 tables from (grid, freqs): what the ``*_from_coords`` ops reproduce."""
+    return ltx_tables_from_angles(ltx_angles_from_coords(grid, freqs), dim)
+
+
+def ltx_tables_float64(grid: torch.Tensor, freqs: torch.Tensor, dim: int):
+    """The same tables with cos/sin in float64 of the fp32 angles (the angles' fp32 roundings are
+    part of the definition; only cos/sin are exact)."""
+    angles = ltx_angles_from_coords(grid, freqs).double()
+    return ltx_tables_from_angles(angles, dim)

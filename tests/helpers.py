@@ -24,6 +24,20 @@ def poisoned(shape, dtype, device="cuda"):
     return torch.full(shape, float("nan"), dtype=dtype, device=device)
 
 
+def with_poisoned_outputs(fn, *likes):
+    """fn() with the tensors it returns allocated from NaN: blocks shaped like `likes` are filled with
+    NaN and freed in a private memory pool that fn() then allocates from, so an element a functional
+    op never writes stays NaN (assert_all_written). Checks that every output took one of them."""
+    pool = torch.cuda.MemPool()
+    with torch.cuda.use_mem_pool(pool):
+        blocks = [torch.full(t.shape, float("nan"), dtype=t.dtype, device=t.device) for t in likes]
+        addresses = sorted(b.data_ptr() for b in blocks)
+        del blocks
+        out = fn()
+    assert sorted(o.data_ptr() for o in out) == addresses, "the outputs were not allocated from the poisoned blocks"
+    return out
+
+
 def assert_all_written(*tensors):
     for t in tensors:
         assert not t.isnan().any(), "some outputs were not written (NaN poison left)"

@@ -64,7 +64,7 @@ def test_loads_through_get_local_kernel_and_local_kernels(tk, variant_dir):
                "layer_norm", "layer_norm_out", "norm_modulate", "norm_modulate_out", "gated_add_norm_modulate",
                "gated_add_norm_modulate_out", "activation", "activation_out", "act_and_mul", "act_and_mul_out",
                "act_mul", "act_mul_out", "gated_add", "gated_add_out", "rope", "rope_", "rope_cached_", "qk_norm_rope",
-               "hf_qk_norm_rope", "hf_qk_norm_rope_out"):
+               "hf_qk_norm_rope", "hf_qk_norm_rope_out", "ltx_rope_from_coords", "ltx_qk_norm_rope_from_coords"):
         assert hasattr(getattr(torch.ops, meta["id"]), op)
     assert tk.add_op_namespace_prefix("rms_norm") == f"{meta['id']}::rms_norm"
     assert set(tk.__all__) >= {"rms_norm", "layers", "ops"}
@@ -120,6 +120,11 @@ def test_every_op_traces_on_meta(tk):
     assert tk.qwen3_qk_norm_rope(q, k, wd, wd, 1e-6, cos, cos, out=outs) == outs
     with pytest.raises(Exception, match="k_out must have the shape"):
         tk.qwen3_qk_norm_rope(q, k, wd, wd, 1e-6, cos, cos, out=(outs[0], outs[0]))
+    grid, freqs = torch.empty(1, 9, 3, device="meta"), torch.empty(256 // 6, device="meta")
+    q_out, k_out = tk.ltx_rotary_emb_from_coords(x, r, grid, freqs)
+    assert q_out.shape == k_out.shape == x.shape and q_out.dtype == torch.bfloat16
+    q_out, k_out = tk.ltx_qk_norm_rope_from_coords(x, r, w, w, 1e-6, grid.expand(2, 9, 3), freqs)
+    assert q_out.shape == k_out.shape == x.shape and k_out.dtype == torch.bfloat16
 
 
 def test_fake_impl_rejects_bad_out(tk):
@@ -133,6 +138,12 @@ def test_cpu_tensors_rejected_with_clear_error(tk):
         tk.rms_norm(torch.randn(2, 64), torch.ones(64))
     with pytest.raises(ValueError, match="x must be a CUDA tensor, got a tensor on cpu"):
         tk.rms_norm(torch.randn(2, 64), torch.ones(64), out=torch.empty(2, 64))
+    with pytest.raises(ValueError, match="ltx_rope_from_coords: q must be a CUDA tensor, got a tensor on cpu"):
+        tk.ltx_rotary_emb_from_coords(torch.randn(1, 4, 64), torch.randn(1, 4, 64), torch.rand(1, 4, 3),
+                                      torch.rand(10))
+    with pytest.raises(ValueError, match="ltx_qk_norm_rope_from_coords: q must be a CUDA tensor"):
+        tk.ltx_qk_norm_rope_from_coords(torch.randn(1, 4, 64), torch.randn(1, 4, 64), torch.ones(64), torch.ones(64),
+                                        1e-6, torch.rand(1, 4, 3), torch.rand(10))
 
 
 def test_layers_follow_hub_rules(tk):

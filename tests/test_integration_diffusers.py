@@ -239,3 +239,41 @@ def test_real_offload_hooks_either_order_on_cpu(order):
     assert calls["fused"] > 0  # our block forward ran under the hooks
     assert hasattr(pipe.transformer, "_hf_hook")  # and the hooks are still there
     torch.testing.assert_close(video, expected, rtol=0, atol=0)
+
+
+def ltx_rope_inputs(source, B=2, F=3, H=4, W=6, device="cpu"):
+    """The rope module's forward arguments, as LTX's pipelines pass them: latent sizes with the
+    interpolation scale (0.9.0), without it, or pixel coordinates (0.9.5+: video_coords [B, 3, S])."""
+    if source == "video_coords":
+        g = torch.Generator().manual_seed(2)
+        coords = torch.rand(B, 3, F * H * W, generator=g) * torch.tensor([49.0, 512.0, 768.0])[:, None]
+        return dict(video_coords=coords.to(device))
+    scale = (8 / 25, 32, 32) if source == "scaled_grid" else None
+    return dict(num_frames=F, height=H, width=W, rope_interpolation_scale=scale)
+
+
+@pytest.mark.parametrize("dim", [2048, 4096, 96, 100, 98, 8])
+@pytest.mark.parametrize("source", ["scaled_grid", "grid", "video_coords"])
+def test_ltx_rope_coords_rebuild_the_module_tables_exactly(dim, source):
+    """ltx_rope_coords gives what LTXVideoRotaryPosEmbed builds its tables from, and the kernels'
+    arithmetic (angle j = freqs[j // 3] * (grid[j % 3] * 2 - 1), each pair's cos/sin repeated,
+    dim % 6 identity channels in front) rebuilds the module's tables bit for bit (here on CPU; the
+    GPU tests in test_rope.py compare the kernels with the module's CUDA tables)."""
+    from diffusers.models.transformers.transformer_ltx import LTXVideoRotaryPosEmbed
+
+    from integrations.diffusers_models import LTXRopeCoords, ltx_rope_coords
+    from reference.rope import ltx_angles_by_index, ltx_angles_from_coords, ltx_tables_from_angles
+
+    rope = LTXVideoRotaryPosEmbed(dim, base_num_frames=20, base_height=2048, base_width=2048, patch_size=1,
+                                  patch_size_t=1, theta=10000.0)
+    kwargs = ltx_rope_inputs(source)
+    hidden_states = torch.zeros(2, 72, dim)
+    cos, sin = rope(hidden_states, **kwargs)
+    coords = ltx_rope_coords(rope, hidden_states, **kwargs)
+    assert isinstance(coords, LTXRopeCoords)
+    grid, freqs = coords
+    assert grid.dtype == freqs.dtype == torch.float32
+    assert grid.shape == (2, 72, 3) and freqs.shape == (dim // 6,)
+    for angles in (ltx_angles_from_coords(grid, freqs), ltx_angles_by_index(grid, freqs)):
+        c, s = ltx_tables_from_angles(angles, dim)
+        assert torch.equal(c, cos) and torch.equal(s, sin)

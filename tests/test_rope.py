@@ -1,7 +1,7 @@
 """Rotary embeddings: transformers' apply_rotary_pos_emb (NeoX, strided q/k from a fused QKV,
 GQA, partial rotary, in place), LTX-Video's and Flux's interleaved fp32 forms, the fused q/k norm +
-RoPE of LTX-Video, Flux and Qwen3; float64 accuracy, parity with the libraries' eager code, bad
-inputs, opcheck, torch.compile."""
+RoPE of LTX-Video, Flux and Qwen3, LTX's forms with cos/sin computed from coordinates; float64
+accuracy, parity with the libraries' eager code, bad inputs, opcheck, torch.compile."""
 
 import math
 
@@ -16,6 +16,7 @@ from helpers import (
     assert_within,
     poisoned,
     random_input,
+    with_poisoned_outputs,
 )
 from reference.norms import rms_norm_float64
 from reference.rope import (
@@ -24,6 +25,8 @@ from reference.rope import (
     hf_apply_rotary_pos_emb,
     hf_qk_norm_rope,
     hf_qk_norm_rope_float64,
+    ltx_angles_from_coords,
+    ltx_tables_float64,
     rotary_float64,
     vllm_rotary_embedding_native,
 )
@@ -272,6 +275,108 @@ def test_qk_norm_rope_empty_opcheck_and_compile(tk):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
+# ---- LTX-Video with cos/sin computed from the token coordinates ----
+
+LTX_COORD_SOURCES = ["scaled_grid", "video_coords", "large_angles"]
+
+
+def ltx_coords_and_tables(B, F, H, W, C, source):
+    """(grid, freqs) from integrations' ltx_rope_coords, and the fp32 cos/sin tables diffusers' own
+    LTXVideoRotaryPosEmbed (LTX-Video 2B's settings) builds from the same arguments on the GPU.
+    Sources: latent sizes with the interpolation scale (LTX 0.9.0), pixel coordinates [B, 3, S]
+    (0.9.5+), and coordinates 40x past the video's extent, so that |angle| > 105615 takes cosf's
+    slow (Payne-Hanek) reduction."""
+    pytest.importorskip("diffusers")
+    from diffusers.models.transformers.transformer_ltx import LTXVideoRotaryPosEmbed
+
+    from integrations.diffusers_models import ltx_rope_coords
+
+    rope = LTXVideoRotaryPosEmbed(C, base_num_frames=20, base_height=2048, base_width=2048, patch_size=1,
+                                  patch_size_t=1, theta=10000.0)
+    hidden_states = torch.empty(B, F * H * W, C, device="cuda")
+    if source == "scaled_grid":
+        kwargs = dict(num_frames=F, height=H, width=W, rope_interpolation_scale=(8 / 25, 32, 32))
+    else:
+        extent = torch.tensor([49.0, 512.0, 768.0], device="cuda")[:, None] * (40 if source == "large_angles" else 1)
+        kwargs = dict(video_coords=torch.rand(B, 3, F * H * W, device="cuda") * extent)
+    cos, sin = rope(hidden_states, **kwargs)
+    grid, freqs = ltx_rope_coords(rope, hidden_states, **kwargs)
+    if source == "large_angles" and C >= 12:  # below 12 channels the one frequency is pi / 2
+        assert (ltx_angles_from_coords(grid, freqs).abs() > 105615).any()
+    return grid, freqs, cos, sin
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("C", [2048, 4096, 96, 100, 98, 8])  # C % 6: 2, 4, 0, 4, 2, 2 identity channels
+@pytest.mark.parametrize("source", LTX_COORD_SOURCES)
+@pytest.mark.parametrize("offset", [0, 1], ids=["vectors", "pairs"])  # 1: the pair-by-pair path
+def test_ltx_rotary_emb_from_coords(tk, dtype, C, source, offset):
+    """The same bits as ltx_rotary_emb with the module's tables; float64 and eager bounds."""
+    B, F, H, W = 2, 3, 5, 7
+    grid, freqs, cos, sin = ltx_coords_and_tables(B, F, H, W, C, source)
+    S = grid.shape[1]
+    qkv = random_input((B, S, offset + 3 * C), dtype)[..., offset:]
+    q, k = qkv[..., :C], qkv[..., C: 2 * C]  # views of the fused projection
+    q_out, k_out = with_poisoned_outputs(lambda: tk.ltx_rotary_emb_from_coords(q, k, grid, freqs), q, k)
+    assert_all_written(q_out, k_out)
+    q_tab, k_tab = tk.ltx_rotary_emb(q, k, cos, sin)
+    assert torch.equal(q_out, q_tab) and torch.equal(k_out, k_tab), "differs from the table form"
+    cos64, sin64 = ltx_tables_float64(grid, freqs, C)
+    for ours, x in ((q_out, q), (k_out, k)):
+        mag = rope_magnitude(x, cos, sin, "interleaved")
+        assert_within(ours, rotary_float64(x, cos64, sin64, "interleaved"), mag, 1.5, "ltx coords rope vs float64")
+        assert_matches_eager(ours, diffusers_interleaved_rotary(x, cos, sin), mag, 2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("weight_fp32", [False, True], ids=["w_model_dtype", "w_fp32"])
+@pytest.mark.parametrize("C", [2048, 4096, 96, 100, 98, 16384])
+@pytest.mark.parametrize("layout", ["grid_per_batch", "grid_shared", "pair_aligned"])
+def test_ltx_qk_norm_rope_from_coords(tk, dtype, weight_fp32, C, layout):
+    """The same bits as ltx_qk_norm_rope with the module's tables (each row is reduced by the same
+    lanes in the same order), on every lane-group width; float64 and eager bounds."""
+    B, F, H, W, eps = 2, 2, 3, 5, 1e-6
+    offset = 2 if layout == "pair_aligned" else 0  # q, k not 16-byte aligned: one pair per vector
+    if offset:
+        C = min(C, 4096)  # the widest row the narrow path holds is 8192
+    source = LTX_COORD_SOURCES[["grid_per_batch", "grid_shared", "pair_aligned"].index(layout)]
+    grid, freqs, cos, sin = ltx_coords_and_tables(1 if layout == "grid_shared" else B, F, H, W, C, source)
+    S = grid.shape[1]
+    qkv = random_input((B, S, offset + 3 * C), dtype)[..., offset:]
+    q, k = qkv[..., :C], qkv[..., C: 2 * C]
+    wq, wk = (torch.rand(C, device="cuda") + 0.5 for _ in range(2))
+    if not weight_fp32:
+        wq, wk = wq.to(dtype), wk.to(dtype)
+    q_out, k_out = with_poisoned_outputs(lambda: tk.ltx_qk_norm_rope_from_coords(q, k, wq, wk, eps, grid, freqs), q, k)
+    assert_all_written(q_out, k_out)
+    q_tab, k_tab = tk.ltx_qk_norm_rope(q, k, wq, wk, eps, cos, sin)
+    assert torch.equal(q_out, q_tab) and torch.equal(k_out, k_tab), "differs from the table form"
+    check_qk_norm_rope(q_out, q, wq, eps, cos, sin)
+    check_qk_norm_rope(k_out, k, wk, eps, cos, sin)
+
+
+def test_ltx_from_coords_empty_opcheck_and_compile(tk):
+    C, bf16 = 2048, dict(device="cuda", dtype=torch.bfloat16)
+    w = torch.ones(C, **bf16)
+    freqs = torch.rand(C // 6, device="cuda")
+    for B, S in ((2, 0), (0, 3)):
+        q, grid = torch.empty(B, S, C, **bf16), torch.rand(B, S, 3, device="cuda")
+        assert tk.ltx_rotary_emb_from_coords(q, q, grid, freqs)[0].shape == q.shape
+        assert tk.ltx_qk_norm_rope_from_coords(q, q, w, w, 1e-6, grid, freqs)[1].shape == q.shape
+    grid, freqs, _, _ = ltx_coords_and_tables(2, 2, 2, 2, C, "scaled_grid")  # grid: a transposed view
+    q, k = random_input((2, 8, C), torch.bfloat16), random_input((2, 8, C), torch.bfloat16)
+    torch.library.opcheck(tk.ops.ltx_rope_from_coords.default, (q, k, grid, freqs))
+    torch.library.opcheck(tk.ops.ltx_qk_norm_rope_from_coords.default, (q, k, w, w, 1e-6, grid, freqs))
+    torch._dynamo.reset()
+
+    def attention_inputs(q, k):
+        q, k = tk.ltx_qk_norm_rope_from_coords(q, k, w, w, 1e-6, grid, freqs)
+        return tk.ltx_rotary_emb_from_coords(q, k, grid, freqs)
+
+    for a, b in zip(torch.compile(attention_inputs, fullgraph=True)(q, k), attention_inputs(q, k)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
 QWEN3_THETA = 1000000.0  # Qwen3's rope_theta
 
 
@@ -402,6 +507,10 @@ def _bf(*shape):
     return torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
 
 
+def _f32(*shape):
+    return torch.rand(*shape, device="cuda")
+
+
 BAD = {
     "odd_rotary": (lambda t: t.ops.rope(_bf(1, 4, 2, 64), _bf(1, 4, 2, 64), _bf(1, 4, 63), _bf(1, 4, 63), "neox", False),
                    ValueError, "must be even"),
@@ -462,6 +571,67 @@ BAD = {
     "qk_norm_rope_eps": (lambda t: t.ltx_qk_norm_rope(_bf(1, 4, 64), _bf(1, 4, 64), _bf(64), _bf(64), -1.0,
                                                       _bf(1, 4, 64).float(), _bf(1, 4, 64).float()),
                          ValueError, "eps must be"),
+    "ltx_coords_grid_fp16": (lambda t: t.ltx_rotary_emb_from_coords(_bf(1, 4, 64), _bf(1, 4, 64), _bf(1, 4, 3).half(),
+                                                                    _f32(10)),
+                             TypeError, "grid must have dtype"),
+    "ltx_coords_grid_axes": (lambda t: t.ltx_rotary_emb_from_coords(_bf(1, 4, 64), _bf(1, 4, 64), _f32(1, 4, 2),
+                                                                    _f32(10)),
+                             ValueError, r"grid must be \[B or 1, S, 3\]"),
+    "ltx_coords_grid_seq_len": (lambda t: t.ltx_qk_norm_rope_from_coords(_bf(1, 4, 64), _bf(1, 4, 64), _bf(64),
+                                                                         _bf(64), 1e-6, _f32(1, 5, 3), _f32(10)),
+                                ValueError, r"grid must be \[B or 1, S, 3\]"),
+    "ltx_coords_grid_batch": (lambda t: t.ltx_rotary_emb_from_coords(_bf(2, 4, 64), _bf(2, 4, 64), _f32(3, 4, 3),
+                                                                     _f32(10)),
+                              ValueError, r"grid must be \[B or 1, S, 3\]"),
+    "ltx_coords_freqs_count": (lambda t: t.ltx_rotary_emb_from_coords(_bf(1, 4, 64), _bf(1, 4, 64), _f32(1, 4, 3),
+                                                                      _f32(11)),
+                               ValueError, r"freqs must be a contiguous \[C // 6\] = \[10\]"),
+    "ltx_coords_freqs_strided": (lambda t: t.ltx_rotary_emb_from_coords(_bf(1, 4, 64), _bf(1, 4, 64), _f32(1, 4, 3),
+                                                                        _f32(20)[::2]),
+                                 ValueError, "freqs must be a contiguous"),
+    "ltx_coords_freqs_fp64": (lambda t: t.ltx_rotary_emb_from_coords(_bf(1, 4, 64), _bf(1, 4, 64), _f32(1, 4, 3),
+                                                                     _f32(10).double()),
+                              TypeError, "freqs must have dtype"),
+    "ltx_coords_q_4d": (lambda t: t.ltx_rotary_emb_from_coords(_bf(1, 4, 1, 64), _bf(1, 4, 1, 64), _f32(1, 4, 3),
+                                                               _f32(10)),
+                        ValueError, r"q must be 3-D \[B, S, C\]"),
+    "ltx_coords_k_shape": (lambda t: t.ltx_rotary_emb_from_coords(_bf(1, 4, 64), _bf(1, 4, 32), _f32(1, 4, 3),
+                                                                  _f32(10)),
+                           ValueError, "k must have the shape of q"),
+    "ltx_coords_k_dtype": (lambda t: t.ltx_rotary_emb_from_coords(_bf(1, 4, 64), _bf(1, 4, 64).half(), _f32(1, 4, 3),
+                                                                  _f32(10)),
+                           TypeError, "k must have dtype"),
+    "ltx_coords_odd_width": (lambda t: t.ltx_rotary_emb_from_coords(_bf(1, 4, 63), _bf(1, 4, 63), _f32(1, 4, 3),
+                                                                    _f32(10)),
+                             ValueError, "must be even"),
+    "ltx_coords_q_last_dim_strided": (lambda t: t.ltx_rotary_emb_from_coords(_bf(1, 64, 4).transpose(1, 2),
+                                                                             _bf(1, 4, 64), _f32(1, 4, 3), _f32(10)),
+                                      ValueError, "q must be contiguous in its last dimension"),
+    "ltx_coords_int_q": (lambda t: t.ltx_rotary_emb_from_coords(torch.ones(1, 4, 64, dtype=torch.int32, device="cuda"),
+                                                                _bf(1, 4, 64), _f32(1, 4, 3), _f32(10)),
+                         TypeError, "q must be float32, float16 or bfloat16"),
+    "ltx_coords_grid_cpu": (lambda t: t.ltx_rotary_emb_from_coords(_bf(1, 4, 64), _bf(1, 4, 64), torch.rand(1, 4, 3),
+                                                                   _f32(10)),
+                            ValueError, "grid must be a CUDA tensor"),
+    "ltx_coords_cpu": (lambda t: t.ltx_qk_norm_rope_from_coords(torch.randn(1, 4, 64), torch.randn(1, 4, 64),
+                                                                torch.randn(64), torch.randn(64), 1e-6,
+                                                                torch.rand(1, 4, 3), torch.rand(10)),
+                       ValueError, "ltx_qk_norm_rope_from_coords: q must be a CUDA tensor"),
+    "ltx_coords_weight_size": (lambda t: t.ltx_qk_norm_rope_from_coords(_bf(1, 4, 64), _bf(1, 4, 64), _bf(32),
+                                                                        _bf(64), 1e-6, _f32(1, 4, 3), _f32(10)),
+                               ValueError, "q_weight must be a contiguous"),
+    "ltx_coords_weight_dtypes": (lambda t: t.ltx_qk_norm_rope_from_coords(_bf(1, 4, 64), _bf(1, 4, 64), _bf(64),
+                                                                          _f32(64), 1e-6, _f32(1, 4, 3), _f32(10)),
+                                 TypeError, "q_weight and k_weight must have the same dtype"),
+    "ltx_coords_eps": (lambda t: t.ltx_qk_norm_rope_from_coords(_bf(1, 4, 64), _bf(1, 4, 64), _bf(64), _bf(64), -1.0,
+                                                                _f32(1, 4, 3), _f32(10)),
+                       ValueError, "eps must be"),
+    "ltx_coords_odd_offset": (lambda t: (lambda x: t.ltx_qk_norm_rope_from_coords(
+        x[..., 1:65], x[..., 65:129], _bf(64), _bf(64), 1e-6, _f32(1, 4, 3), _f32(10)))(_bf(1, 4, 130)),
+        ValueError, "q, k and the weights must start at even element offsets"),
+    "ltx_coords_too_wide": (lambda t: t.ltx_qk_norm_rope_from_coords(_bf(1, 1, 32770), _bf(1, 1, 32770), _bf(32770),
+                                                                     _bf(32770), 1e-6, _f32(1, 1, 3), _f32(5461)),
+                            ValueError, r"rows of more than \d+ elements"),
     "qwen3_fp32_tables": (lambda t: t.qwen3_qk_norm_rope(_bf(1, 4, 2, 64), _bf(1, 4, 1, 64), _bf(64), _bf(64), 1e-6,
                                                           _bf(1, 4, 64).float(), _bf(1, 4, 64).float()),
                           TypeError, "cos must have dtype"),

@@ -63,6 +63,12 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
           "-> (Tensor, Tensor)");
   ops.def("hf_qk_norm_rope_out(Tensor! q_out, Tensor! k_out, Tensor q, Tensor k, Tensor q_weight, Tensor k_weight, "
           "float eps, Tensor cos, Tensor sin) -> ()");
+  // LTX-Video's rotation (and its q/k norm + rotation) with cos/sin computed in the kernel from the
+  // token coordinates grid [B or 1, S, 3] and freqs [C // 6] (fp32, as LTXVideoRotaryPosEmbed
+  // computes them): the same bits as `rope` / `qk_norm_rope` with its fp32 tables. q, k [B, S, C].
+  ops.def("ltx_rope_from_coords(Tensor q, Tensor k, Tensor grid, Tensor freqs) -> (Tensor, Tensor)");
+  ops.def("ltx_qk_norm_rope_from_coords(Tensor q, Tensor k, Tensor q_weight, Tensor k_weight, float eps, "
+          "Tensor grid, Tensor freqs) -> (Tensor, Tensor)");
 
   // Every op is registered for CPU too, with the same entry point: CPU tensors then fail with a
   // clear "must be a CUDA tensor" instead of the dispatcher's "no kernel for CPU".
@@ -92,6 +98,8 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
     ops.impl("qk_norm_rope", key, &tk::qk_norm_rope);
     ops.impl("hf_qk_norm_rope", key, &tk::hf_qk_norm_rope);
     ops.impl("hf_qk_norm_rope_out", key, &tk::hf_qk_norm_rope_out);
+    ops.impl("ltx_rope_from_coords", key, &tk::ltx_rope_from_coords);
+    ops.impl("ltx_qk_norm_rope_from_coords", key, &tk::ltx_qk_norm_rope_from_coords);
   }
 }
 

@@ -86,5 +86,16 @@ void hf_qk_norm_rope_out(torch::Tensor& q_out, torch::Tensor& k_out, const torch
                          const torch::Tensor& cos, const torch::Tensor& sin);
 void rope_cached_(const torch::Tensor& positions, torch::Tensor& query, torch::Tensor& key, int64_t head_size,
                   const torch::Tensor& cos_sin_cache, std::string_view style);
+// LTX-Video's forms with cos/sin computed from coordinates: q, k [B, S, C] (C even); grid
+// [B or 1, S, 3] float32 (any strides); freqs [C // 6] float32 contiguous; weights [C] (q's dtype
+// or float32). Return new (q, k), bit-equal to rope(..., "interleaved", true) / qk_norm_rope with
+// the fp32 tables LTXVideoRotaryPosEmbed builds from the same grid and freqs.
+std::tuple<torch::Tensor, torch::Tensor> ltx_rope_from_coords(const torch::Tensor& q, const torch::Tensor& k,
+                                                              const torch::Tensor& grid, const torch::Tensor& freqs);
+std::tuple<torch::Tensor, torch::Tensor> ltx_qk_norm_rope_from_coords(const torch::Tensor& q, const torch::Tensor& k,
+                                                                      const torch::Tensor& q_weight,
+                                                                      const torch::Tensor& k_weight, double eps,
+                                                                      const torch::Tensor& grid,
+                                                                      const torch::Tensor& freqs);
 
 }  // namespace transformer_kernels

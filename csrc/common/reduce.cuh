@@ -10,41 +10,70 @@ constexpr unsigned kFullMask = 0xffffffffu;
 
 // Butterfly sum over aligned groups of `kWidth` lanes (kWidth a power of two <= 32); every
 // lane of the group receives the group's sum. `mask` names the lanes taking part (whole groups).
-template <int kWidth = kWarpSize>
-TK_DEVICE float group_reduce_sum(float v, unsigned mask = kFullMask) {
+// The array form sums N values at once (rows that share a lane group), each in the scalar order.
+template <int kWidth = kWarpSize, int N>
+TK_DEVICE void group_reduce_sum(float (&v)[N], unsigned mask = kFullMask) {
   static_assert(kWidth >= 1 && kWidth <= kWarpSize && (kWidth & (kWidth - 1)) == 0,
                 "group width must be a power of two no larger than a warp");
 #pragma unroll
-  for (int offset = kWidth / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(mask, v, offset);
-  return v;
+  for (int offset = kWidth / 2; offset > 0; offset /= 2) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) v[i] += __shfl_xor_sync(mask, v[i], offset);
+  }
+}
+
+template <int kWidth = kWarpSize>
+TK_DEVICE float group_reduce_sum(float v, unsigned mask = kFullMask) {
+  float a[1] = {v};
+  group_reduce_sum<kWidth>(a, mask);
+  return a[0];
 }
 
 // Sum over all threads of a one-dimensional block (blockDim.x a multiple of 32, at most 1024);
-// every thread receives the total. Uses one __syncthreads, so call it at most once per kernel
-// unless the caller separates calls with another barrier.
-TK_DEVICE float block_reduce_sum(float v) {
-  __shared__ float warp_sums[kWarpSize];
+// every thread receives the total, of each of the N values. Uses one __syncthreads, so call it at
+// most once per kernel unless the caller separates calls with another barrier.
+template <int N>
+TK_DEVICE void block_reduce_sum(float (&v)[N]) {
+  __shared__ float warp_sums[N][kWarpSize];
   const int lane = threadIdx.x % kWarpSize;
   const int warp = threadIdx.x / kWarpSize;
   const int num_warps = blockDim.x / kWarpSize;
-  v = group_reduce_sum(v);
-  if (lane == 0) warp_sums[warp] = v;
+  group_reduce_sum(v);
+  if (lane == 0) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) warp_sums[i][warp] = v[i];
+  }
   __syncthreads();
   // Every warp re-reduces the per-warp sums itself: no second barrier or broadcast needed.
-  v = lane < num_warps ? warp_sums[lane] : 0.f;
-  return group_reduce_sum(v);
+#pragma unroll
+  for (int i = 0; i < N; ++i) v[i] = lane < num_warps ? warp_sums[i][lane] : 0.f;
+  group_reduce_sum(v);
+}
+
+TK_DEVICE float block_reduce_sum(float v) {
+  float a[1] = {v};
+  block_reduce_sum(a);
+  return a[0];
 }
 
 // Sum over the threads that share one row. kThreadsPerRow == 0 means "the whole block"
 // (blockDim.x threads); otherwise an aligned group of kThreadsPerRow <= 32 lanes, `mask` naming
-// the lanes of the warp whose groups have a row (see row_group_mask).
+// the lanes of the warp whose groups have a row (see row_group_mask). The array form sums the N
+// rows a group may hold together, each as the scalar form would.
+template <int kThreadsPerRow, int N>
+TK_DEVICE void row_reduce_sum(float (&v)[N], unsigned mask = kFullMask) {
+  if constexpr (kThreadsPerRow == 0) {
+    block_reduce_sum(v);
+  } else {
+    group_reduce_sum<kThreadsPerRow>(v, mask);
+  }
+}
+
 template <int kThreadsPerRow>
 TK_DEVICE float row_reduce_sum(float v, unsigned mask = kFullMask) {
-  if constexpr (kThreadsPerRow == 0) {
-    return block_reduce_sum(v);
-  } else {
-    return group_reduce_sum<kThreadsPerRow>(v, mask);
-  }
+  float a[1] = {v};
+  row_reduce_sum<kThreadsPerRow>(a, mask);
+  return a[0];
 }
 
 // Lanes of this thread's warp whose row groups have a row, when groups of kThreadsPerRow lanes

@@ -13,7 +13,10 @@
 //     out = round(round(n * cos) + round(rotate_half(n) * sin))
 //           rotate_half(n)[i] = -n[i + L/2], rotate_half(n)[i + L/2] = n[i]
 // A row is held in registers between the reduction and the rotation (rows up to kMaxRowVecs
-// vectors), so each input is read once.
+// vectors), so each input is read once. LTX's coordinate form (CosSinSource::kLtxCoords, G = 1)
+// computes cos/sin from the token's coordinates instead of reading tables; one lane group then
+// holds q's and k's row of a token and computes them once for both. Each row keeps the lanes and
+// the sum order the table form gives it, so the two forms give the same bits.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -39,9 +42,10 @@ struct QkNormRopeParams {
   QkRows<T> qk;              // rows of width L: the norm groups of q, then of k
   const weight_t* q_weight;  // [L] contiguous
   const weight_t* k_weight;  // [L] contiguous
-  const table_t* cos;        // [B or 1, S, L]
-  const table_t* sin;        // [B or 1, S, L]
+  const table_t* cos;        // [B or 1, S, L]; coordinate form: unused
+  const table_t* sin;        // [B or 1, S, L]; coordinate form: unused
   int64_t table_b, table_s;  // strides of cos and sin (same layout), in elements; table_b 0 when shared
+  LtxCoords coords;          // coordinate form only
   int width;                 // L, even
   float eps;
 };
@@ -84,103 +88,152 @@ TK_DEVICE void normalize(float (&n)[kVec], float inv_rms, const float (&w)[kVec]
 }
 
 // kThreadsPerRow lanes per row (0: the whole block); kVec elements per vector (even for
-// interleaved pairs, so that each vector holds whole pairs).
-template <QkNormRopeForm kForm, typename T, typename weight_t, typename table_t, int kVec, int kThreadsPerRow>
+// interleaved pairs, so that each vector holds whole pairs). A group holds kRows rows: one, or
+// (coordinate form) q's and k's row of a token, each with the lanes and units one row would have.
+template <QkNormRopeForm kForm, CosSinSource kSource, typename T, typename weight_t, typename table_t, int kVec,
+          int kThreadsPerRow>
 __global__ void qk_norm_rope_kernel(const QkNormRopeParams<T, weight_t, table_t> p) {
+  static_assert(kSource == CosSinSource::kTables ||
+                    (kSource == CosSinSource::kLtxCoords && kForm == QkNormRopeForm::kDiffusers),
+                "tables, or LTX's coordinates with diffusers' form");
+  constexpr bool kCoords = kSource == CosSinSource::kLtxCoords;
+  constexpr int kRows = rows_per_group(kSource);  // 2: q and k one row each per token (the ops take [B, S, C])
   constexpr int kUnitVecs = vecs_per_unit(kForm);
-  constexpr int kCachedUnits = kCachedVecs / kUnitVecs;
+  constexpr int kCachedUnits = kCachedVecs / kUnitVecs;  // per row
   constexpr bool kFp32Rotation = !half_rotation(kForm);  // diffusers: one rounding; transformers: per op
   using vec = vec_t<T, kVec>;
-  const int64_t num_rows = p.qk.num_rows();
-  const RowGroup<kThreadsPerRow> group(num_rows);
+  const int64_t num_groups = p.qk.num_rows() / kRows;
+  const RowGroup<kThreadsPerRow> group(num_groups);
   const int lane = group.lane, threads = group.threads;
-  const int64_t row = group.row;
   const unsigned lanes_with_rows = group.mask;
-  if (row >= num_rows) return;
+  if (group.row >= num_groups) return;
 
   int64_t b, s;
-  const T* x;
-  T* out;
-  p.qk.locate(row, b, s, x, out);
-  const weight_t* weight = row % p.qk.heads() < p.qk.num_q_heads ? p.q_weight : p.k_weight;
-  const table_t* cos = p.cos + b * p.table_b + s * p.table_s;
-  const table_t* sin = p.sin + b * p.table_b + s * p.table_s;
+  const T* x[kRows];
+  T* out[kRows];
+  const weight_t* weight[kRows];
+  if constexpr (kRows == 1) {
+    p.qk.locate(group.row, b, s, x[0], out[0]);
+    weight[0] = group.row % p.qk.heads() < p.qk.num_q_heads ? p.q_weight : p.k_weight;
+  } else {
+    p.qk.token_at(group.row, b, s);
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      p.qk.head_at(b, s, r, x[r], out[r]);
+      weight[r] = r < p.qk.num_q_heads ? p.q_weight : p.k_weight;
+    }
+  }
+  const table_t* cos = nullptr;
+  const table_t* sin = nullptr;
+  float g[3];  // coordinate form: the token's grid * 2 - 1
+  if constexpr (kCoords) {
+    p.coords.token(b, s, g);
+  } else {
+    cos = p.cos + b * p.table_b + s * p.table_s;
+    sin = p.sin + b * p.table_b + s * p.table_s;
+  }
   const int num_units = p.width / (kVec * kUnitVecs);
   // First element of vector j of unit u: the unit's own vector, then its partner half a row on.
   auto at = [num_units](int u, int j) { return (u + j * num_units) * kVec; };
 
-  vec cached[kCachedUnits][kUnitVecs];  // [unit slot][vector of the unit]
-  float acc = 0.f;
+  vec cached[kRows][kCachedUnits][kUnitVecs];  // [row][unit slot][vector of the unit]
+  float acc[kRows];
 #pragma unroll
-  for (int c = 0; c < kCachedUnits; ++c) {
-    const int u = lane + c * threads;
-    if (u < num_units) {
+  for (int r = 0; r < kRows; ++r) {
+    acc[r] = 0.f;
 #pragma unroll
-      for (int j = 0; j < kUnitVecs; ++j) {
-        cached[c][j].load(x + at(u, j));
+    for (int c = 0; c < kCachedUnits; ++c) {
+      const int u = lane + c * threads;
+      if (u < num_units) {
 #pragma unroll
-        for (int i = 0; i < kVec; ++i) acc += to_float(cached[c][j][i]) * to_float(cached[c][j][i]);
+        for (int j = 0; j < kUnitVecs; ++j) {
+          cached[r][c][j].load(x[r] + at(u, j));
+#pragma unroll
+          for (int i = 0; i < kVec; ++i) acc[r] += to_float(cached[r][c][j][i]) * to_float(cached[r][c][j][i]);
+        }
       }
     }
   }
-  acc = row_reduce_sum<kThreadsPerRow>(acc, lanes_with_rows);
-  // mean as torch's reduction computes it: sum times 1/L
-  const float inv_rms = rsqrtf(__fmul_rn(acc, 1.f / static_cast<float>(p.width)) + p.eps);
+  row_reduce_sum<kThreadsPerRow>(acc, lanes_with_rows);
+  float inv_rms[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    // mean as torch's reduction computes it: sum times 1/L
+    inv_rms[r] = rsqrtf(__fmul_rn(acc[r], 1.f / static_cast<float>(p.width)) + p.eps);
+  }
 
 #pragma unroll
   for (int c = 0; c < kCachedUnits; ++c) {
     const int u = lane + c * threads;
     if (u >= num_units) continue;
-    float n[kUnitVecs][kVec], cs[kUnitVecs][kVec], sn[kUnitVecs][kVec];  // [vector of the unit][element]
+    float cs[kUnitVecs][kVec], sn[kUnitVecs][kVec];  // [vector of the unit][element]
+    if constexpr (kCoords) {  // interleaved pairs: one angle per pair, unit = one vector
+      float pc[kVec / 2], ps[kVec / 2];
+      p.coords.cos_sin(g, at(u, 0) / 2, pc, ps);
 #pragma unroll
-    for (int j = 0; j < kUnitVecs; ++j) {
-      float w[kVec];
-      vec_t<weight_t, kVec> wv;
-      wv.load(weight + at(u, j));
-      wv.cast_to(w);
-      vec_t<table_t, kVec> cv, sv;
-      cv.load(cos + at(u, j));
-      sv.load(sin + at(u, j));
-      cv.cast_to(cs[j]);
-      sv.cast_to(sn[j]);
-      cached[c][j].cast_to(n[j]);
-      normalize<kForm, T>(n[j], inv_rms, w);
-    }
-    vec o[kUnitVecs];
-    if constexpr (half_rotation(kForm)) {  // element i of the first half pairs with element i of the second
-      rope_detail::rotate_pairs<T, kFp32Rotation>(n[0], n[1], cs[0], cs[1], sn[0], sn[1], o[0].data, o[1].data);
-    } else {  // pairs (i, i + 1) within the vector
-      constexpr int kPairs = kVec / 2;
-      float x1[kPairs], x2[kPairs], c1[kPairs], c2[kPairs], s1[kPairs], s2[kPairs];
-#pragma unroll
-      for (int i = 0; i < kPairs; ++i) {
-        x1[i] = n[0][2 * i], x2[i] = n[0][2 * i + 1];
-        c1[i] = cs[0][2 * i], c2[i] = cs[0][2 * i + 1];
-        s1[i] = sn[0][2 * i], s2[i] = sn[0][2 * i + 1];
+      for (int i = 0; i < kVec / 2; ++i) {
+        cs[0][2 * i] = cs[0][2 * i + 1] = pc[i];
+        sn[0][2 * i] = sn[0][2 * i + 1] = ps[i];
       }
-      T y1[kPairs], y2[kPairs];
-      rope_detail::rotate_pairs<T, kFp32Rotation>(x1, x2, c1, c2, s1, s2, y1, y2);
+    } else {
 #pragma unroll
-      for (int i = 0; i < kPairs; ++i) o[0][2 * i] = y1[i], o[0][2 * i + 1] = y2[i];
+      for (int j = 0; j < kUnitVecs; ++j) {
+        vec_t<table_t, kVec> cv, sv;
+        cv.load(cos + at(u, j));
+        sv.load(sin + at(u, j));
+        cv.cast_to(cs[j]);
+        sv.cast_to(sn[j]);
+      }
     }
 #pragma unroll
-    for (int j = 0; j < kUnitVecs; ++j) o[j].store(out + at(u, j));
+    for (int r = 0; r < kRows; ++r) {
+      float n[kUnitVecs][kVec];  // [vector of the unit][element]
+#pragma unroll
+      for (int j = 0; j < kUnitVecs; ++j) {
+        float w[kVec];
+        vec_t<weight_t, kVec> wv;
+        wv.load(weight[r] + at(u, j));
+        wv.cast_to(w);
+        cached[r][c][j].cast_to(n[j]);
+        normalize<kForm, T>(n[j], inv_rms[r], w);
+      }
+      vec o[kUnitVecs];
+      if constexpr (half_rotation(kForm)) {  // element i of the first half pairs with element i of the second
+        rope_detail::rotate_pairs<T, kFp32Rotation>(n[0], n[1], cs[0], cs[1], sn[0], sn[1], o[0].data, o[1].data);
+      } else {  // pairs (i, i + 1) within the vector
+        constexpr int kPairs = kVec / 2;
+        float x1[kPairs], x2[kPairs], c1[kPairs], c2[kPairs], s1[kPairs], s2[kPairs];
+#pragma unroll
+        for (int i = 0; i < kPairs; ++i) {
+          x1[i] = n[0][2 * i], x2[i] = n[0][2 * i + 1];
+          c1[i] = cs[0][2 * i], c2[i] = cs[0][2 * i + 1];
+          s1[i] = sn[0][2 * i], s2[i] = sn[0][2 * i + 1];
+        }
+        T y1[kPairs], y2[kPairs];
+        rope_detail::rotate_pairs<T, kFp32Rotation>(x1, x2, c1, c2, s1, s2, y1, y2);
+#pragma unroll
+        for (int i = 0; i < kPairs; ++i) o[0][2 * i] = y1[i], o[0][2 * i + 1] = y2[i];
+      }
+#pragma unroll
+      for (int j = 0; j < kUnitVecs; ++j) o[j].store(out[r] + at(u, j));
+    }
   }
 }
 
-template <QkNormRopeForm kForm, typename T, typename weight_t, typename table_t, int kVec>
+template <QkNormRopeForm kForm, CosSinSource kSource, typename T, typename weight_t, typename table_t, int kVec>
 cudaError_t launch(const QkNormRopeParams<T, weight_t, table_t>& p, cudaStream_t stream) {
   constexpr int kCachedUnits = kCachedVecs / vecs_per_unit(kForm);
-  const int64_t rows = p.qk.num_rows();
+  const int64_t groups = p.qk.num_rows() / rows_per_group(kSource);
   const int num_units = p.width / (kVec * vecs_per_unit(kForm));
-  auto grid_for = [&](int rows_per_block) {
-    return dim3(static_cast<unsigned>((rows + rows_per_block - 1) / rows_per_block));
+  auto grid_for = [&](int groups_per_block) {
+    return dim3(static_cast<unsigned>((groups + groups_per_block - 1) / groups_per_block));
   };
   // The narrowest lane group that holds the row, so that no lane of a short row (one head) idles.
+  // The choice depends on the row alone, so both forms split a row the same way.
   auto in_group_of = [&](auto threads_tag) {
     constexpr int kThreads = decltype(threads_tag)::value;
     if (num_units > kThreads * kCachedUnits) return false;
-    qk_norm_rope_kernel<kForm, T, weight_t, table_t, kVec, kThreads>
+    qk_norm_rope_kernel<kForm, kSource, T, weight_t, table_t, kVec, kThreads>
         <<<grid_for(kGroupThreadsPerBlock / kThreads), kGroupThreadsPerBlock, 0, stream>>>(p);
     return true;
   };
@@ -189,7 +242,7 @@ cudaError_t launch(const QkNormRopeParams<T, weight_t, table_t>& p, cudaStream_t
         in_group_of(integral_constant<int, 16>{}) || in_group_of(integral_constant<int, kWarpSize>{}))) {
     const int wanted = (num_units + kCachedUnits - 1) / kCachedUnits;
     const int threads = (wanted + kWarpSize - 1) / kWarpSize * kWarpSize;  // <= kMaxThreads: host-checked
-    qk_norm_rope_kernel<kForm, T, weight_t, table_t, kVec, 0><<<grid_for(1), threads, 0, stream>>>(p);
+    qk_norm_rope_kernel<kForm, kSource, T, weight_t, table_t, kVec, 0><<<grid_for(1), threads, 0, stream>>>(p);
   }
   return cudaGetLastError();
 }
@@ -206,25 +259,29 @@ constexpr int64_t qk_norm_rope_max_width(bool vectorized) {
 
 // True when every pointer and stride allows vectors of kElems elements and the row splits into
 // whole units of them.
-template <QkNormRopeForm kForm, int kElems, typename T, typename weight_t, typename table_t>
+template <QkNormRopeForm kForm, CosSinSource kSource, int kElems, typename T, typename weight_t, typename table_t>
 bool qk_norm_rope_aligned(const QkNormRopeParams<T, weight_t, table_t>& p) {
+  const bool tables_ok = kSource == CosSinSource::kLtxCoords ||
+                         (is_vec_aligned<table_t, kElems>(p.cos) && is_vec_aligned<table_t, kElems>(p.sin) &&
+                          p.table_b % kElems == 0 && p.table_s % kElems == 0);
   return p.width % (kElems * qk_norm_rope_detail::vecs_per_unit(kForm)) == 0 && p.qk.template aligned<kElems>() &&
-         is_vec_aligned<weight_t, kElems>(p.q_weight) && is_vec_aligned<weight_t, kElems>(p.k_weight) &&
-         is_vec_aligned<table_t, kElems>(p.cos) && is_vec_aligned<table_t, kElems>(p.sin) &&
-         p.table_b % kElems == 0 && p.table_s % kElems == 0;
+         is_vec_aligned<weight_t, kElems>(p.q_weight) && is_vec_aligned<weight_t, kElems>(p.k_weight) && tables_ok;
 }
 
 // Host launcher: 16-byte vectors when every pointer and stride allows it, else the form's
 // narrowest vectors. The caller checks width (even, <= qk_norm_rope_max_width) and the narrow
-// path's alignment (qk_norm_rope_aligned<kForm, min_vec>: whole pairs for interleaved pairs).
-template <QkNormRopeForm kForm, typename T, typename weight_t, typename table_t>
+// path's alignment (qk_norm_rope_aligned<kForm, kSource, min_vec>: whole pairs for interleaved
+// pairs). Coordinate form: p.coords set, q and k one norm group each.
+template <QkNormRopeForm kForm, CosSinSource kSource, typename T, typename weight_t, typename table_t>
 cudaError_t qk_norm_rope(const QkNormRopeParams<T, weight_t, table_t>& p, cudaStream_t stream) {
   if (p.qk.num_rows() == 0 || p.width == 0) return cudaSuccess;
   constexpr int kVec = vec_size<T>();
   constexpr int kMinVec = qk_norm_rope_detail::min_vec(kForm);
   using qk_norm_rope_detail::launch;
-  return qk_norm_rope_aligned<kForm, kVec>(p) ? launch<kForm, T, weight_t, table_t, kVec>(p, stream)
-                                               : launch<kForm, T, weight_t, table_t, kMinVec>(p, stream);
+  if (qk_norm_rope_aligned<kForm, kSource, kVec>(p)) {
+    return launch<kForm, kSource, T, weight_t, table_t, kVec>(p, stream);
+  }
+  return launch<kForm, kSource, T, weight_t, table_t, kMinVec>(p, stream);
 }
 
 }  // namespace transformer_kernels

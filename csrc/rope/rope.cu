@@ -7,6 +7,7 @@
 #include <string_view>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 
 #include "common/checks.h"
 #include "common/dispatch.h"
@@ -111,7 +112,8 @@ void run(at::Tensor& q_out, at::Tensor& k_out, const at::Tensor& q, const at::Te
       p.head_dim = static_cast<int>(q.size(3));
       p.rotary_dim = static_cast<int>(cos.size(-1));
       p.copy_pass_through = copy_pass_through;
-      const cudaError_t err = rope<kStyle, kFp32Math, kCache>(p, at::cuda::getCurrentCUDAStream());
+      constexpr CosSinSource kSource = kCache ? CosSinSource::kCache : CosSinSource::kTables;
+      const cudaError_t err = rope<kStyle, kFp32Math, kSource>(p, at::cuda::getCurrentCUDAStream());
       TORCH_CHECK(err == cudaSuccess, kOp, ": kernel launch failed: ", cudaGetErrorString(err));
     };
     if (cos.scalar_type() == q.scalar_type()) {
@@ -228,16 +230,15 @@ namespace {
 
 constexpr const char* kNormRopeOp = "qk_norm_rope";
 constexpr const char* kHfNormRopeOp = "hf_qk_norm_rope";
+constexpr const char* kLtxCoordsOp = "ltx_rope_from_coords";
+constexpr const char* kLtxCoordsNormRopeOp = "ltx_qk_norm_rope_from_coords";
 
-// q [B, S, Gq, L], k [B, S, Gk, L]; weights [L]; cos, sin [B or 1, S, L]. Each form takes what its
-// library builds: diffusers fp32 tables and weights in q's dtype or fp32; transformers tables and
-// weights in the model dtype.
-void check_qk_norm_rope(const char* op, QkNormRopeForm form, const at::Tensor& q, const at::Tensor& k,
-                        const at::Tensor& q_weight, const at::Tensor& k_weight, double eps, const at::Tensor& cos,
-                        const at::Tensor& sin) {
+// q [B, S, Gq, L], k [B, S, Gk, L]; weights [L]; eps. Each form takes what its library builds:
+// diffusers weights in q's dtype or fp32, transformers weights in the model dtype.
+void check_qk_norm(const char* op, QkNormRopeForm form, const at::Tensor& q, const at::Tensor& k,
+                   const at::Tensor& q_weight, const at::Tensor& k_weight, double eps) {
   const bool transformers = form == QkNormRopeForm::kTransformers;
   check_qk(op, q, k);
-  check_tables(op, cos, sin, q);
   const int64_t width = q.size(3);
   TORCH_CHECK_VALUE(width % 2 == 0, op, ": the normalized width (q.shape[-1] = ", width,
                     ") must be even: RoPE rotates pairs");
@@ -257,8 +258,18 @@ void check_qk_norm_rope(const char* op, QkNormRopeForm form, const at::Tensor& q
                    ": q_weight and k_weight must have the same dtype, got ", q_weight.scalar_type(), " and ",
                    k_weight.scalar_type());
   check_eps(op, eps);
+}
+
+// The norm's inputs as above; cos, sin [B or 1, S, L]: fp32 for diffusers, the model dtype for
+// transformers.
+void check_qk_norm_rope(const char* op, QkNormRopeForm form, const at::Tensor& q, const at::Tensor& k,
+                        const at::Tensor& q_weight, const at::Tensor& k_weight, double eps, const at::Tensor& cos,
+                        const at::Tensor& sin) {
+  check_qk_norm(op, form, q, k, q_weight, k_weight, eps);
+  check_tables(op, cos, sin, q);
+  const int64_t width = q.size(3);
   for (const auto& [t, name] : {std::pair{&cos, "cos"}, std::pair{&sin, "sin"}}) {
-    if (transformers) {
+    if (form == QkNormRopeForm::kTransformers) {
       check_dtype(op, *t, name, q.scalar_type(), "transformers builds cos/sin in the model dtype");
     } else {
       check_dtype(op, *t, name, at::kFloat, "diffusers computes the rotary tables in float32");
@@ -280,37 +291,59 @@ void check_qk_outputs(const char* op, const at::Tensor& q_out, const at::Tensor&
   check_no_overlap(op, k_out, "k_out", q_out, "q_out");
 }
 
-template <QkNormRopeForm kForm>
+// Fills the cos/sin source of QkNormRopeParams: full-width tables cos, sin [B or 1, S, L].
+auto from_tables(const at::Tensor& cos, const at::Tensor& sin) {
+  return [&cos, &sin](auto& p) {
+    using Table = std::remove_const_t<std::remove_pointer_t<decltype(p.cos)>>;
+    p.cos = static_cast<const Table*>(cos.const_data_ptr());
+    p.sin = static_cast<const Table*>(sin.const_data_ptr());
+    p.table_b = cos.size(0) == 1 ? 0 : cos.stride(0);
+    p.table_s = cos.stride(1);
+  };
+}
+
+// LTX's coordinates for rows of width C: grid [B or 1, S, 3] (any strides), freqs [C / 6].
+LtxCoords ltx_coords(const at::Tensor& grid, const at::Tensor& freqs, int64_t width) {
+  LtxCoords c;
+  c.grid = grid.const_data_ptr<float>();
+  c.grid_b = grid.size(0) == 1 ? 0 : grid.stride(0);
+  c.grid_s = grid.stride(1);
+  c.grid_c = grid.stride(2);
+  c.freqs = freqs.const_data_ptr<float>();  // never read when C < 6 (no angles)
+  c.pad_pairs = static_cast<int>(width % 6 / 2);
+  return c;
+}
+
+// kSource: tables (set_cos_sin = from_tables) or LTX's coordinates (set_cos_sin sets p.coords).
+template <QkNormRopeForm kForm, CosSinSource kSource, typename SetCosSin>
 void run_qk_norm_rope(const char* op, at::Tensor& q_out, at::Tensor& k_out, const at::Tensor& q, const at::Tensor& k,
-                      const at::Tensor& q_weight, const at::Tensor& k_weight, double eps, const at::Tensor& cos,
-                      const at::Tensor& sin) {
+                      const at::Tensor& q_weight, const at::Tensor& k_weight, double eps, SetCosSin&& set_cos_sin) {
   const at::cuda::OptionalCUDAGuard device_guard(q.device());
   dispatch_float_dtype(q.scalar_type(), "q", [&](auto tag) {
     using T = typename decltype(tag)::type;
     auto go = [&](auto weight_tag, auto table_tag) {
       using W = typename decltype(weight_tag)::type;
       using Table = typename decltype(table_tag)::type;
-      QkNormRopeParams<T, W, Table> p;
+      QkNormRopeParams<T, W, Table> p{};
       p.qk = qk_rows<T>(q_out, q, k_out, k);
       p.q_weight = static_cast<const W*>(q_weight.const_data_ptr());
       p.k_weight = static_cast<const W*>(k_weight.const_data_ptr());
-      p.cos = static_cast<const Table*>(cos.const_data_ptr());
-      p.sin = static_cast<const Table*>(sin.const_data_ptr());
-      p.table_b = cos.size(0) == 1 ? 0 : cos.stride(0);
-      p.table_s = cos.stride(1);
+      set_cos_sin(p);
       p.width = static_cast<int>(q.size(3));
       p.eps = static_cast<float>(eps);
       // Interleaved pairs need whole pairs even on the narrow path; the half rotation any alignment.
-      const bool narrow_ok = qk_norm_rope_aligned<kForm, qk_norm_rope_detail::min_vec(kForm)>(p);
-      TORCH_CHECK_VALUE(p.qk.num_rows() == 0 || narrow_ok, op,
-                        ": q, k, cos, sin and the weights must start at even element offsets with even strides "
-                        "(whole pairs), got q strides ", q.strides(), " and k strides ", k.strides());
-      const bool vectorized = qk_norm_rope_aligned<kForm, vec_size<T>()>(p);
+      const bool narrow_ok = qk_norm_rope_aligned<kForm, kSource, qk_norm_rope_detail::min_vec(kForm)>(p);
+      TORCH_CHECK_VALUE(p.qk.num_rows() == 0 || narrow_ok, op, ": ",
+                        kSource == CosSinSource::kTables ? "q, k, cos, sin and the weights" : "q, k and the weights",
+                        " must start at even element offsets with even strides (whole pairs), got q strides ",
+                        q.strides(), " and k strides ", k.strides());
+      const bool vectorized = qk_norm_rope_aligned<kForm, kSource, vec_size<T>()>(p);
       const int64_t max_width = qk_norm_rope_max_width<kForm, T>(vectorized);
       TORCH_CHECK_VALUE(q.size(3) <= max_width, op, ": rows of more than ", max_width,
                         " elements are not supported here (the whole row is kept in registers; 16-byte aligned "
                         "rows allow more), got width ", q.size(3));
-      const cudaError_t err = transformer_kernels::qk_norm_rope<kForm>(p, at::cuda::getCurrentCUDAStream());
+      const cudaError_t err =
+          transformer_kernels::qk_norm_rope<kForm, kSource>(p, at::cuda::getCurrentCUDAStream());
       TORCH_CHECK(err == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(err));
     };
     if constexpr (kForm == QkNormRopeForm::kTransformers) {
@@ -323,6 +356,35 @@ void run_qk_norm_rope(const char* op, at::Tensor& q_out, at::Tensor& k_out, cons
   });
 }
 
+// LTX's q, k [B, S, C] (before the head split) with coordinates grid [B or 1, S, 3] float32 (any
+// strides) and freqs [C // 6] float32 contiguous; C even. Returns q, k as the kernels' [B, S, 1, C].
+std::pair<at::Tensor, at::Tensor> check_ltx_coords(const char* op, const at::Tensor& q, const at::Tensor& k,
+                                                   const at::Tensor& grid, const at::Tensor& freqs) {
+  check_cuda(op, q, "q");
+  check_float_dtype(op, q, "q");
+  TORCH_CHECK_VALUE(q.dim() == 3, op, ": q must be 3-D [B, S, C] (LTX's projection before the head split), got shape ",
+                    q.sizes());
+  check_same_device(op, k, "k", q, "q");
+  check_same_shape(op, k, "k", q, "q");
+  at::Tensor q4 = q.unsqueeze(2), k4 = k.unsqueeze(2);
+  check_qk(op, q4, k4);
+  const int64_t width = q.size(2);
+  TORCH_CHECK_VALUE(width % 2 == 0, op, ": the rotated width (q.shape[-1] = ", width,
+                    ") must be even: RoPE rotates pairs");
+  check_same_device(op, grid, "grid", q, "q");
+  check_dtype(op, grid, "grid", at::kFloat, "diffusers computes the rotary coordinates in float32");
+  TORCH_CHECK_VALUE(grid.dim() == 3 && (grid.size(0) == 1 || grid.size(0) == q.size(0)) && grid.size(1) == q.size(1) &&
+                        grid.size(2) == 3,
+                    op, ": grid must be [B or 1, S, 3] (frame, height, width) with q's B = ", q.size(0),
+                    " and S = ", q.size(1), ", got ", grid.sizes());
+  check_same_device(op, freqs, "freqs", q, "q");
+  check_dtype(op, freqs, "freqs", at::kFloat, "diffusers computes the rotary frequencies in float32");
+  TORCH_CHECK_VALUE(freqs.dim() == 1 && freqs.size(0) == width / 6 && freqs.is_contiguous(), op,
+                    ": freqs must be a contiguous [C // 6] = [", width / 6, "] (C = q.shape[-1] = ", width,
+                    "), got shape ", freqs.sizes(), " and strides ", freqs.strides());
+  return {q4, k4};
+}
+
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor> qk_norm_rope(const at::Tensor& q, const at::Tensor& k, const at::Tensor& q_weight,
@@ -331,7 +393,8 @@ std::tuple<at::Tensor, at::Tensor> qk_norm_rope(const at::Tensor& q, const at::T
   check_qk_norm_rope(kNormRopeOp, QkNormRopeForm::kDiffusers, q, k, q_weight, k_weight, eps, cos, sin);
   at::Tensor q_out = at::empty(q.sizes(), q.options());
   at::Tensor k_out = at::empty(k.sizes(), k.options());
-  run_qk_norm_rope<QkNormRopeForm::kDiffusers>(kNormRopeOp, q_out, k_out, q, k, q_weight, k_weight, eps, cos, sin);
+  run_qk_norm_rope<QkNormRopeForm::kDiffusers, CosSinSource::kTables>(kNormRopeOp, q_out, k_out, q, k, q_weight,
+                                                                      k_weight, eps, from_tables(cos, sin));
   return {q_out, k_out};
 }
 
@@ -341,8 +404,8 @@ std::tuple<at::Tensor, at::Tensor> hf_qk_norm_rope(const at::Tensor& q, const at
   check_qk_norm_rope(kHfNormRopeOp, QkNormRopeForm::kTransformers, q, k, q_weight, k_weight, eps, cos, sin);
   at::Tensor q_out = at::empty(q.sizes(), q.options());
   at::Tensor k_out = at::empty(k.sizes(), k.options());
-  run_qk_norm_rope<QkNormRopeForm::kTransformers>(kHfNormRopeOp, q_out, k_out, q, k, q_weight, k_weight, eps, cos,
-                                                  sin);
+  run_qk_norm_rope<QkNormRopeForm::kTransformers, CosSinSource::kTables>(kHfNormRopeOp, q_out, k_out, q, k, q_weight,
+                                                                         k_weight, eps, from_tables(cos, sin));
   return {q_out, k_out};
 }
 
@@ -351,8 +414,46 @@ void hf_qk_norm_rope_out(at::Tensor& q_out, at::Tensor& k_out, const at::Tensor&
                          const at::Tensor& sin) {
   check_qk_norm_rope(kHfNormRopeOp, QkNormRopeForm::kTransformers, q, k, q_weight, k_weight, eps, cos, sin);
   check_qk_outputs(kHfNormRopeOp, q_out, k_out, q, k, q_weight, k_weight, cos, sin);
-  run_qk_norm_rope<QkNormRopeForm::kTransformers>(kHfNormRopeOp, q_out, k_out, q, k, q_weight, k_weight, eps, cos,
-                                                  sin);
+  run_qk_norm_rope<QkNormRopeForm::kTransformers, CosSinSource::kTables>(kHfNormRopeOp, q_out, k_out, q, k, q_weight,
+                                                                         k_weight, eps, from_tables(cos, sin));
+}
+
+std::tuple<at::Tensor, at::Tensor> ltx_rope_from_coords(const at::Tensor& q, const at::Tensor& k,
+                                                        const at::Tensor& grid, const at::Tensor& freqs) {
+  at::Tensor q4, k4;  // [B, S, 1, C] views (not structured bindings: the lambda below captures them)
+  std::tie(q4, k4) = check_ltx_coords(kLtxCoordsOp, q, k, grid, freqs);
+  at::Tensor q_out = at::empty(q.sizes(), q.options());
+  at::Tensor k_out = at::empty(k.sizes(), k.options());
+  at::Tensor q_out4 = q_out.unsqueeze(2), k_out4 = k_out.unsqueeze(2);
+  const at::cuda::OptionalCUDAGuard device_guard(q.device());
+  dispatch_float_dtype(q.scalar_type(), "q", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    RopeParams<T, float> p{};
+    p.qk = qk_rows<T>(q_out4, q4, k_out4, k4);
+    p.coords = ltx_coords(grid, freqs, q.size(2));
+    p.head_dim = p.rotary_dim = static_cast<int>(q.size(2));
+    p.copy_pass_through = false;  // every channel is rotated (the identity pairs with cos 1, sin 0)
+    const cudaError_t err = rope<RopeStyle::kInterleaved, /*kFp32Math=*/true, CosSinSource::kLtxCoords>(
+        p, at::cuda::getCurrentCUDAStream());
+    TORCH_CHECK(err == cudaSuccess, kLtxCoordsOp, ": kernel launch failed: ", cudaGetErrorString(err));
+  });
+  return {q_out, k_out};
+}
+
+std::tuple<at::Tensor, at::Tensor> ltx_qk_norm_rope_from_coords(const at::Tensor& q, const at::Tensor& k,
+                                                                const at::Tensor& q_weight,
+                                                                const at::Tensor& k_weight, double eps,
+                                                                const at::Tensor& grid, const at::Tensor& freqs) {
+  at::Tensor q4, k4;  // [B, S, 1, C] views
+  std::tie(q4, k4) = check_ltx_coords(kLtxCoordsNormRopeOp, q, k, grid, freqs);
+  check_qk_norm(kLtxCoordsNormRopeOp, QkNormRopeForm::kDiffusers, q4, k4, q_weight, k_weight, eps);
+  at::Tensor q_out = at::empty(q.sizes(), q.options());
+  at::Tensor k_out = at::empty(k.sizes(), k.options());
+  at::Tensor q_out4 = q_out.unsqueeze(2), k_out4 = k_out.unsqueeze(2);
+  const LtxCoords coords = ltx_coords(grid, freqs, q.size(2));
+  run_qk_norm_rope<QkNormRopeForm::kDiffusers, CosSinSource::kLtxCoords>(
+      kLtxCoordsNormRopeOp, q_out4, k_out4, q4, k4, q_weight, k_weight, eps, [&coords](auto& p) { p.coords = coords; });
+  return {q_out, k_out};
 }
 
 }  // namespace transformer_kernels

@@ -8,6 +8,8 @@
 // Cached form (vLLM's rotary_embedding): the table row of token t is cos_sin_cache[positions[t]],
 // R/2 cosines then R/2 sines, one per pair (kCache). A position outside [0, max_position) makes
 // that token's rotated channels NaN rather than read out of bounds.
+// LTX coordinate form (kLtxCoords): no tables; each pair's cosine and sine are computed from the
+// token's coordinates (LtxCoords below), q's and k's rows of a token sharing one computation.
 // Channels >= R pass through. Rounding (no FMA: the eager code rounds each op):
 //   fp32_math = false (transformers: cos/sin in x's dtype): round(round(x*cos) + round(rot*sin))
 //   fp32_math = true  (diffusers LTX/Flux: fp32 tables):   round_once(x*cos + rot*sin) in fp32
@@ -23,6 +25,10 @@
 namespace transformer_kernels {
 
 enum class RopeStyle { kNeox, kInterleaved };
+
+// Where a token's cosines and sines come from: full-width tables [B, S, R], one row of a
+// cos_sin_cache per position (vLLM), or LTX-Video's token coordinates (computed in the kernel).
+enum class CosSinSource { kTables, kCache, kLtxCoords };
 
 // A [B, S, H, d] tensor's strides, in elements.
 struct HeadStrides {
@@ -47,18 +53,26 @@ struct QkRows {
   TK_HOST_DEVICE int heads() const { return num_q_heads + num_k_heads; }
   TK_HOST_DEVICE int64_t num_rows() const { return batch * seq * heads(); }
 
-  // Row `row`'s token (b, s), its input x and its output.
-  TK_DEVICE void locate(int64_t row, int64_t& b, int64_t& s, const T*& x, T*& out) const {
-    const int head = static_cast<int>(row % heads());
-    const int64_t token = row / heads();
+  // Token `token`'s (b, s).
+  TK_DEVICE void token_at(int64_t token, int64_t& b, int64_t& s) const {
     b = token / seq;
     s = token % seq;
+  }
+
+  // Head `head` of token (b, s) (q's heads first): its input x and its output.
+  TK_DEVICE void head_at(int64_t b, int64_t s, int head, const T*& x, T*& out) const {
     const bool is_q = head < num_q_heads;
     const int h = is_q ? head : head - num_q_heads;
     const HeadStrides& in = is_q ? q_strides : k_strides;
     const HeadStrides& o = is_q ? q_out_strides : k_out_strides;
     x = (is_q ? q : k) + b * in.b + s * in.s + h * in.h;
     out = (is_q ? q_out : k_out) + b * o.b + s * o.s + h * o.h;
+  }
+
+  // Row `row`'s token (b, s), its input x and its output.
+  TK_DEVICE void locate(int64_t row, int64_t& b, int64_t& s, const T*& x, T*& out) const {
+    token_at(row / heads(), b, s);
+    head_at(b, s, static_cast<int>(row % heads()), x, out);
   }
 
   // True when every pointer and stride allows vec_t<T, kElems> (host side).
@@ -71,6 +85,62 @@ struct QkRows {
   }
 };
 
+// Bit-equality with torch's tables needs IEEE cosf/sinf and unfused products; fast math would
+// turn sincosf into __sinf/__cosf.
+#ifdef __USE_FAST_MATH__
+#error "LtxCoords needs precise sincosf: do not build the rope family with --use_fast_math"
+#endif
+
+// LTX-Video's rotary angles (diffusers' LTXVideoRotaryPosEmbed), computed where they are used
+// instead of read from its fp32 tables [B, S, C] (twice the bytes of a bf16 q). Row width C (all
+// heads), F = C / 6. Pairs (2i, 2i + 1) share one angle: the first (C % 6) / 2 pairs are identity
+// (cos 1, sin 0), pair (C % 6) / 2 + a, a < 3F, has
+//   angle = freqs[a / 3] * (grid[b, s, a % 3] * 2 - 1)
+// with torch's fp32 roundings (each op rounded, no FMA), then cosf/sinf as torch's cos/sin
+// kernels compute them, so cos and sin equal diffusers' tables bit for bit.
+struct LtxCoords {
+  const float* grid = nullptr;     // [B or 1, S, 3] (frame, height, width), already scaled by diffusers
+  int64_t grid_b = 0, grid_s = 0, grid_c = 0;  // grid's strides in elements; grid_b 0 when shared
+  const float* freqs = nullptr;    // [F] contiguous: theta ** linspace(0, 1, F) * pi / 2
+  int pad_pairs = 0;               // (C % 6) / 2 identity pairs at the front
+
+  // grid * 2 - 1 of token (b, s), per axis: the factors the frequencies multiply.
+  TK_DEVICE void token(int64_t b, int64_t s, float (&g)[3]) const {
+    const float* row = grid + b * grid_b + s * grid_s;
+#pragma unroll
+    for (int axis = 0; axis < 3; ++axis) g[axis] = __fsub_rn(__fmul_rn(row[axis * grid_c], 2.f), 1.f);
+  }
+
+  // Cosine and sine of pairs pair0 .. pair0 + kPairs - 1 of a token whose factors are g.
+  template <int kPairs>
+  TK_DEVICE void cos_sin(const float (&g)[3], int pair0, float (&c)[kPairs], float (&s)[kPairs]) const {
+#pragma unroll
+    for (int i = 0; i < kPairs; ++i) {
+      const int a = pair0 + i - pad_pairs;  // angle index; negative on the identity pairs
+      if (a < 0) {
+        c[i] = 1.f, s[i] = 0.f;
+        continue;
+      }
+      const unsigned f = static_cast<unsigned>(a) / 3u;
+      const unsigned axis = static_cast<unsigned>(a) - 3u * f;
+      const float angle = __fmul_rn(__ldg(freqs + f), axis == 0 ? g[0] : (axis == 1 ? g[1] : g[2]));
+      // sincosf is sinf's and cosf's range reduction and polynomials run once (same bits; PTX of
+      // CUDA 13.0 checked): torch computes the tables with cosf and sinf.
+      sincosf(angle, &s[i], &c[i]);
+    }
+  }
+};
+
+// Rows that share one computation of cos/sin: LTX's coordinate form takes q's and k's row of a
+// token together (TK_LTX_COORDS_ROWS=1 gives each row its own, for an A/B); otherwise one row.
+#ifndef TK_LTX_COORDS_ROWS
+#define TK_LTX_COORDS_ROWS 2
+#endif
+static_assert(TK_LTX_COORDS_ROWS == 1 || TK_LTX_COORDS_ROWS == 2, "TK_LTX_COORDS_ROWS must be 1 or 2");
+TK_HOST_DEVICE constexpr int rows_per_group(CosSinSource source) {
+  return source == CosSinSource::kLtxCoords ? TK_LTX_COORDS_ROWS : 1;
+}
+
 template <typename T, typename table_t>
 struct RopeParams {
   QkRows<T> qk;
@@ -79,6 +149,7 @@ struct RopeParams {
   int64_t table_b, table_s;  // strides of cos and sin (same layout), in elements
   const int64_t* positions = nullptr;  // [B * S], cached form only
   int64_t max_position = 0;            // rows of cos_sin_cache, cached form only
+  LtxCoords coords;                    // coordinate form only (cos, sin unused)
   int head_dim;
   int rotary_dim;
   bool copy_pass_through;  // out-of-place: copy channels >= rotary_dim
@@ -115,23 +186,79 @@ TK_DEVICE void rotate_pairs(const float (&x1)[kPairs], const float (&x2)[kPairs]
   for (int i = 0; i < kPairs; ++i) y1[i] = rounded[2 * i], y2[i] = rounded[2 * i + 1];
 }
 
-// One thread handles kPairs pairs per step; a row is one (token, head) of q or k.
-template <typename T, typename table_t, RopeStyle kStyle, bool kFp32Math, int kPairs, bool kCache>
+// The two elements of pairs j0 .. j0 + kPairs - 1 of a row of E (x, or a full-width cos/sin
+// table): 16-byte vectors when kPairs > 1 (NeoX: one from each half; interleaved: one holding
+// both elements of each pair), element by element otherwise (any alignment).
+template <RopeStyle kStyle, int kPairs, typename E>
+TK_DEVICE void load_pairs(const E* row, int j0, int num_pairs, float (&v1)[kPairs], float (&v2)[kPairs]) {
+  if constexpr (kPairs == 1) {
+    v1[0] = to_float(row[kStyle == RopeStyle::kNeox ? j0 : 2 * j0]);
+    v2[0] = to_float(row[kStyle == RopeStyle::kNeox ? j0 + num_pairs : 2 * j0 + 1]);
+  } else if constexpr (kStyle == RopeStyle::kNeox) {
+    vec_t<E, kPairs> a, b;
+    a.load(row + j0);
+    b.load(row + j0 + num_pairs);
+    a.cast_to(v1);
+    b.cast_to(v2);
+  } else {
+    vec_t<E, 2 * kPairs> v;
+    v.load(row + 2 * j0);
+#pragma unroll
+    for (int i = 0; i < kPairs; ++i) v1[i] = to_float(v[2 * i]), v2[i] = to_float(v[2 * i + 1]);
+  }
+}
+
+// Stores what load_pairs loads.
+template <RopeStyle kStyle, int kPairs, typename T>
+TK_DEVICE void store_pairs(T* row, int j0, int num_pairs, const T (&y1)[kPairs], const T (&y2)[kPairs]) {
+  if constexpr (kPairs == 1) {
+    row[kStyle == RopeStyle::kNeox ? j0 : 2 * j0] = y1[0];
+    row[kStyle == RopeStyle::kNeox ? j0 + num_pairs : 2 * j0 + 1] = y2[0];
+  } else if constexpr (kStyle == RopeStyle::kNeox) {
+    vec_t<T, kPairs> a, b;
+#pragma unroll
+    for (int i = 0; i < kPairs; ++i) a[i] = y1[i], b[i] = y2[i];
+    a.store(row + j0);
+    b.store(row + (j0 + num_pairs));  // an int offset: a 64-bit one stays live through the math (+8 registers)
+  } else {
+    vec_t<T, 2 * kPairs> o;
+#pragma unroll
+    for (int i = 0; i < kPairs; ++i) o[2 * i] = y1[i], o[2 * i + 1] = y2[i];
+    o.store(row + 2 * j0);
+  }
+}
+
+// One thread handles kPairs pairs per step of each of its group's kRows rows: one (token, head)
+// of q or k, or (coordinate form) q's and k's row of a token, which share the cos/sin computed.
+template <typename T, typename table_t, RopeStyle kStyle, bool kFp32Math, int kPairs, CosSinSource kSource>
 __global__ void rope_kernel(const RopeParams<T, table_t> p) {
+  constexpr bool kCache = kSource == CosSinSource::kCache;
+  constexpr bool kCoords = kSource == CosSinSource::kLtxCoords;
+  static_assert(!kCoords || (kStyle == RopeStyle::kInterleaved && kFp32Math), "LTX rotates interleaved pairs in fp32");
+  constexpr int kRows = rows_per_group(kSource);  // 2: q and k one row each per token (the ops take [B, S, C])
   const int threads = 1 << p.log2_threads_per_row;
   const int lane = threadIdx.x & (threads - 1);
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> p.log2_threads_per_row) +
-                      (threadIdx.x >> p.log2_threads_per_row);
-  if (row >= p.qk.num_rows()) return;
+  const int64_t group = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> p.log2_threads_per_row) +
+                        (threadIdx.x >> p.log2_threads_per_row);
+  if (group >= p.qk.num_rows() / kRows) return;
   int64_t b, s;
-  const T* x;
-  T* out;
-  p.qk.locate(row, b, s, x, out);
+  const T* x[kRows];
+  T* out[kRows];
+  if constexpr (kRows == 1) {
+    p.qk.locate(group, b, s, x[0], out[0]);
+  } else {
+    p.qk.token_at(group, b, s);
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) p.qk.head_at(b, s, r, x[r], out[r]);
+  }
   const int num_pairs = p.rotary_dim / 2;
-  const table_t* cos;
-  const table_t* sin;
+  const table_t* cos = nullptr;
+  const table_t* sin = nullptr;
   bool position_ok = true;
-  if constexpr (kCache) {
+  float g[3];  // coordinate form: the token's grid * 2 - 1
+  if constexpr (kCoords) {
+    p.coords.token(b, s, g);
+  } else if constexpr (kCache) {
     const int64_t pos = p.positions[b * p.qk.seq + s];
     position_ok = pos >= 0 && pos < p.max_position;
     cos = p.cos + (position_ok ? pos : 0) * p.table_s;
@@ -140,13 +267,18 @@ __global__ void rope_kernel(const RopeParams<T, table_t> p) {
     cos = p.cos + b * p.table_b + s * p.table_s;
     sin = p.sin + b * p.table_b + s * p.table_s;
   }
-  // Element index of the two halves of pair j.
-  auto first = [&](int j) { return kStyle == RopeStyle::kNeox ? j : 2 * j; };
-  auto second = [&](int j) { return kStyle == RopeStyle::kNeox ? j + num_pairs : 2 * j + 1; };
 
+  // Cache and coordinate forms: one cosine and one sine per pair, shared by its two elements.
+  auto share_pairs = [&](float (&c1)[kPairs], float (&c2)[kPairs], float (&s1)[kPairs], float (&s2)[kPairs]) {
+#pragma unroll
+    for (int i = 0; i < kPairs; ++i) {
+      if (!position_ok) c1[i] = s1[i] = __int_as_float(0x7fc00000);  // NaN: the position has no row
+      c2[i] = c1[i], s2[i] = s1[i];
+    }
+  };
   for (int j0 = lane * kPairs; j0 < num_pairs; j0 += threads * kPairs) {
-    float x1[kPairs], x2[kPairs], c1[kPairs], c2[kPairs], s1[kPairs], s2[kPairs];
-    if constexpr (kCache) {  // one cosine and one sine per pair, shared by its two elements
+    float c1[kPairs], c2[kPairs], s1[kPairs], s2[kPairs];
+    if constexpr (kCache) {  // the cache row before x, as before the coordinate form (40 registers, not 48)
       if constexpr (kPairs == 1) {
         c1[0] = to_float(cos[j0]), s1[0] = to_float(sin[j0]);
       } else {
@@ -156,103 +288,65 @@ __global__ void rope_kernel(const RopeParams<T, table_t> p) {
         cv.cast_to(c1);
         sv.cast_to(s1);
       }
-#pragma unroll
-      for (int i = 0; i < kPairs; ++i) {
-        if (!position_ok) c1[i] = s1[i] = __int_as_float(0x7fc00000);  // NaN: the position has no row
-        c2[i] = c1[i], s2[i] = s1[i];
-      }
+      share_pairs(c1, c2, s1, s2);
     }
-    if constexpr (kPairs == 1) {  // any alignment: element by element
-      x1[0] = to_float(x[first(j0)]), x2[0] = to_float(x[second(j0)]);
-      if constexpr (!kCache) {
-        c1[0] = to_float(cos[first(j0)]), c2[0] = to_float(cos[second(j0)]);
-        s1[0] = to_float(sin[first(j0)]), s2[0] = to_float(sin[second(j0)]);
-      }
-    } else if constexpr (kStyle == RopeStyle::kNeox) {
-      vec_t<T, kPairs> a, bv;
-      a.load(x + j0);
-      bv.load(x + j0 + num_pairs);
-      a.cast_to(x1);
-      bv.cast_to(x2);
-      if constexpr (!kCache) {
-        vec_t<table_t, kPairs> ca, cb, sa, sb;
-        ca.load(cos + j0);
-        cb.load(cos + j0 + num_pairs);
-        sa.load(sin + j0);
-        sb.load(sin + j0 + num_pairs);
-        ca.cast_to(c1);
-        cb.cast_to(c2);
-        sa.cast_to(s1);
-        sb.cast_to(s2);
-      }
-    } else {
-      vec_t<T, 2 * kPairs> xv;
-      xv.load(x + 2 * j0);
+    float x1[kRows][kPairs], x2[kRows][kPairs];
 #pragma unroll
-      for (int i = 0; i < kPairs; ++i) x1[i] = to_float(xv[2 * i]), x2[i] = to_float(xv[2 * i + 1]);
-      if constexpr (!kCache) {
-        vec_t<table_t, 2 * kPairs> cv, sv;
-        cv.load(cos + 2 * j0);
-        sv.load(sin + 2 * j0);
-#pragma unroll
-        for (int i = 0; i < kPairs; ++i) {
-          c1[i] = to_float(cv[2 * i]), c2[i] = to_float(cv[2 * i + 1]);
-          s1[i] = to_float(sv[2 * i]), s2[i] = to_float(sv[2 * i + 1]);
-        }
-      }
+    for (int r = 0; r < kRows; ++r) load_pairs<kStyle, kPairs>(x[r], j0, num_pairs, x1[r], x2[r]);
+    if constexpr (kCoords) {  // after x's loads: the math hides their latency
+      p.coords.cos_sin(g, j0, c1, s1);
+      share_pairs(c1, c2, s1, s2);
+    } else if constexpr (!kCache) {
+      load_pairs<kStyle, kPairs>(cos, j0, num_pairs, c1, c2);
+      load_pairs<kStyle, kPairs>(sin, j0, num_pairs, s1, s2);
     }
-    T y1[kPairs], y2[kPairs];
-    rotate_pairs<T, kFp32Math>(x1, x2, c1, c2, s1, s2, y1, y2);
-    if constexpr (kPairs == 1) {
-      out[first(j0)] = y1[0];
-      out[second(j0)] = y2[0];
-    } else if constexpr (kStyle == RopeStyle::kNeox) {
-      vec_t<T, kPairs> a, bv;
 #pragma unroll
-      for (int i = 0; i < kPairs; ++i) a[i] = y1[i], bv[i] = y2[i];
-      a.store(out + first(j0));
-      bv.store(out + second(j0));
-    } else {
-      vec_t<T, 2 * kPairs> o;
-#pragma unroll
-      for (int i = 0; i < kPairs; ++i) o[2 * i] = y1[i], o[2 * i + 1] = y2[i];
-      o.store(out + first(j0));
+    for (int r = 0; r < kRows; ++r) {
+      T y1[kPairs], y2[kPairs];
+      rotate_pairs<T, kFp32Math>(x1[r], x2[r], c1, c2, s1, s2, y1, y2);
+      store_pairs<kStyle, kPairs>(out[r], j0, num_pairs, y1, y2);
     }
   }
-  if (p.copy_pass_through)
-    for (int c = p.rotary_dim + lane; c < p.head_dim; c += threads) out[c] = x[c];
+  if (p.copy_pass_through) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+      for (int c = p.rotary_dim + lane; c < p.head_dim; c += threads) out[r][c] = x[r][c];
+  }
 }
 
 }  // namespace rope_detail
 
 // Host launcher. Vector steps (16 bytes of x per load) when pointers, strides and the rotary
-// width allow, one pair per step otherwise.
-template <RopeStyle kStyle, bool kFp32Math, bool kCache, typename T, typename table_t>
+// width allow, one pair per step otherwise. Coordinate form: p.coords set, q and k one head each.
+template <RopeStyle kStyle, bool kFp32Math, CosSinSource kSource, typename T, typename table_t>
 cudaError_t rope(RopeParams<T, table_t> p, cudaStream_t stream) {
-  const int64_t rows = p.qk.num_rows();
-  if (rows == 0 || p.head_dim == 0) return cudaSuccess;
+  constexpr bool kTables = kSource != CosSinSource::kLtxCoords;
+  const int64_t groups = p.qk.num_rows() / rows_per_group(kSource);
+  if (groups == 0 || p.head_dim == 0) return cudaSuccess;
   // Pairs per vector step: 16 bytes of x per load (NeoX loads both halves, interleaved one vector
   // holding both elements of each pair).
   constexpr int kVecPairs = kStyle == RopeStyle::kNeox ? vec_size<T>() : vec_size<T>() / 2;
   constexpr int kVecElems = kStyle == RopeStyle::kNeox ? kVecPairs : 2 * kVecPairs;
   const int num_pairs = p.rotary_dim / 2;
-  const bool vectorizable = num_pairs % kVecPairs == 0 && p.qk.template aligned<kVecElems>() &&
-                            is_vec_aligned<table_t, kVecElems>(p.cos) && is_vec_aligned<table_t, kVecElems>(p.sin) &&
-                            p.table_b % kVecElems == 0 && p.table_s % kVecElems == 0 &&
-                            (!kCache || num_pairs % kVecElems == 0);  // the sines' offset keeps alignment
+  const bool tables_aligned = !kTables || (is_vec_aligned<table_t, kVecElems>(p.cos) &&
+                                           is_vec_aligned<table_t, kVecElems>(p.sin) &&
+                                           p.table_b % kVecElems == 0 && p.table_s % kVecElems == 0 &&
+                                           // the sines' offset keeps alignment
+                                           (kSource != CosSinSource::kCache || num_pairs % kVecElems == 0));
+  const bool vectorizable = num_pairs % kVecPairs == 0 && p.qk.template aligned<kVecElems>() && tables_aligned;
   const int pairs_per_step = vectorizable ? kVecPairs : 1;
   // Threads per row: a power of two covering the row's steps (at least one), at most a block.
   const int steps = (num_pairs + pairs_per_step - 1) / pairs_per_step;
   int log2 = 0;
   while ((1 << log2) < steps && (1 << log2) < rope_detail::kThreadsPerBlock) ++log2;
   p.log2_threads_per_row = log2;
-  const int64_t rows_per_block = rope_detail::kThreadsPerBlock >> log2;
-  const dim3 grid(static_cast<unsigned>((rows + rows_per_block - 1) / rows_per_block));
+  const int64_t groups_per_block = rope_detail::kThreadsPerBlock >> log2;
+  const dim3 grid(static_cast<unsigned>((groups + groups_per_block - 1) / groups_per_block));
   if (vectorizable) {
-    rope_detail::rope_kernel<T, table_t, kStyle, kFp32Math, kVecPairs, kCache>
+    rope_detail::rope_kernel<T, table_t, kStyle, kFp32Math, kVecPairs, kSource>
         <<<grid, rope_detail::kThreadsPerBlock, 0, stream>>>(p);
   } else {
-    rope_detail::rope_kernel<T, table_t, kStyle, kFp32Math, 1, kCache>
+    rope_detail::rope_kernel<T, table_t, kStyle, kFp32Math, 1, kSource>
         <<<grid, rope_detail::kThreadsPerBlock, 0, stream>>>(p);
   }
   return cudaGetLastError();

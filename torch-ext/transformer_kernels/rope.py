@@ -9,6 +9,10 @@ One launch rotates q and k. The forms follow the libraries they replace:
   cos/sin ``[B, S, H*d]``: interleaved pairs over the whole hidden, fp32 math, one rounding.
 - ``ltx_qk_norm_rope`` / ``flux_qk_norm_rope``: the attention's q/k ``torch.nn.RMSNorm`` and the
   rotation above in one pass (q and k in one launch): across all heads for LTX-Video, per head for Flux.
+- ``ltx_rotary_emb_from_coords`` / ``ltx_qk_norm_rope_from_coords``: the two LTX-Video forms with
+  cos/sin computed in the kernel from the token coordinates and frequencies ``LTXVideoRotaryPosEmbed``
+  builds its tables from (``integrations/diffusers_models.py: ltx_rope_coords`` computes them from the
+  module's arguments): the same bits, without reading the fp32 tables (twice the bytes of a bf16 q).
 - ``qwen3_qk_norm_rope``: transformers' Qwen3 attention from the projections to the rotated q and k:
   ``q_norm``/``k_norm`` (``Qwen3RMSNorm`` per head) and ``apply_rotary_pos_emb`` in one pass, with
   transformers' rounding (each op rounded to the model dtype).
@@ -129,6 +133,63 @@ def qwen3_qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor,
     return out[0], out[1]
 
 
+def ltx_rotary_emb_from_coords(q: torch.Tensor, k: torch.Tensor, grid: torch.Tensor, freqs: torch.Tensor
+                               ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``ltx_rotary_emb`` with cos/sin computed in the kernel instead of read from tables.
+
+    For channel pair ``p`` (channels ``2p, 2p + 1``) of ``C = q.shape[-1]``, with ``P = (C % 6) // 2``
+    identity pairs at the front (cos 1, sin 0) and ``a = p - P``::
+
+        angle = freqs[a // 3] * (grid[b, s, a % 3] * 2 - 1)      # each op rounded in float32
+        out   = round(x * cos(angle) + rotate(x) * sin(angle))   # fp32, one rounding to q's dtype
+
+    which is ``LTXVideoRotaryPosEmbed``'s table entry for the same grid and freqs, so the result
+    equals ``ltx_rotary_emb`` with that module's tables bit for bit.
+
+    Parameters
+    ----------
+    q, k : torch.Tensor
+        ``[B, S, C]`` (C even; any leading strides, e.g. views of a fused projection).
+    grid : torch.Tensor
+        ``[B or 1, S, 3]`` float32, any strides: each token's (frame, height, width) coordinate as
+        the module scales it (before its ``* 2 - 1``).
+    freqs : torch.Tensor
+        ``[C // 6]`` float32, contiguous: the module's frequencies times pi / 2.
+
+    Returns
+    -------
+    tuple of torch.Tensor
+        New contiguous ``(q_out, k_out)``.
+    """
+    return _ltx_rope_from_coords(q, k, grid, freqs)
+
+
+def ltx_qk_norm_rope_from_coords(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
+                                 eps: float, grid: torch.Tensor, freqs: torch.Tensor
+                                 ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``ltx_qk_norm_rope`` (``norm_q``, ``norm_k`` and LTX's rotation in one pass) with cos/sin computed
+    in the kernel from ``grid`` and ``freqs`` as ``ltx_rotary_emb_from_coords`` computes them: the
+    same bits as ``ltx_qk_norm_rope`` with ``LTXVideoRotaryPosEmbed``'s tables.
+
+    Parameters
+    ----------
+    q, k : torch.Tensor
+        ``[B, S, C]`` (C even; any leading strides).
+    q_weight, k_weight : torch.Tensor
+        ``[C]``, q's dtype or float32 (both the same): the ``torch.nn.RMSNorm`` weights.
+    eps : float
+        The norms' eps (``torch.finfo(torch.float32).eps`` where the module's is None).
+    grid, freqs : torch.Tensor
+        As for ``ltx_rotary_emb_from_coords``.
+
+    Returns
+    -------
+    tuple of torch.Tensor
+        New contiguous ``(q_out, k_out)``.
+    """
+    return _ltx_qk_norm_rope_from_coords(q, k, q_weight, k_weight, eps, grid, freqs)
+
+
 def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, head_size: int,
                      cos_sin_cache: torch.Tensor, is_neox: bool = True) -> Tuple[torch.Tensor, torch.Tensor]:
     """vLLM's ``rotary_embedding``, in place on query and key.
@@ -149,6 +210,8 @@ _rope_cached_ = ops.rope_cached_.default
 _qk_norm_rope = ops.qk_norm_rope.default
 _hf_qk_norm_rope = ops.hf_qk_norm_rope.default
 _hf_qk_norm_rope_out = ops.hf_qk_norm_rope_out.default
+_ltx_rope_from_coords = ops.ltx_rope_from_coords.default
+_ltx_qk_norm_rope_from_coords = ops.ltx_qk_norm_rope_from_coords.default
 
 
 @torch.library.register_fake(add_op_namespace_prefix("rope"))
@@ -185,3 +248,13 @@ def _(q_out, k_out, q, k, q_weight, k_weight, eps, cos, sin):
                      lambda: f"hf_qk_norm_rope: {name} must have the shape {tuple(x.shape)}, got {tuple(out.shape)}")
         torch._check(out.dtype == q.dtype,
                      lambda: f"hf_qk_norm_rope: {name} must have dtype {q.dtype}, got {out.dtype}")
+
+
+@torch.library.register_fake(add_op_namespace_prefix("ltx_rope_from_coords"))
+def _(q, k, grid, freqs):
+    return q.new_empty(q.shape), k.new_empty(k.shape)
+
+
+@torch.library.register_fake(add_op_namespace_prefix("ltx_qk_norm_rope_from_coords"))
+def _(q, k, q_weight, k_weight, eps, grid, freqs):
+    return q.new_empty(q.shape), k.new_empty(k.shape)
