@@ -6,7 +6,7 @@
 # Each stage has a time limit (seconds, 0 skips it) so the call ends inside the device's 10-minute
 # cap; everything is packed into one archive, OUT_DIR/results.tgz (the device returns at most 8 files).
 #
-#   TESTS_S=150 LLM_S=60 PROFILE_S=150 MICRO_S=200 LTX_S=0 scripts/gpu_session.sh OUT_DIR [bench_micro args]
+#   TESTS_S=240 LLM_S=60 PROFILE_S=150 MICRO_S=200 LTX_S=0 scripts/gpu_session.sh OUT_DIR [bench_micro args]
 #   NCU_S=90 adds Nsight Compute counters of our kernels (scripts/gpu_ncu.sh -> ncu.csv)
 #   PYTEST_ARGS="tests/test_rope.py" runs part of the suite (a short confirming run)
 #   AB_FLAGS="-DTK_FUSED_CACHED_VECS=2" AB_OPS="modulate fused_add_rms_norm" ...   adds an A/B stage
@@ -37,7 +37,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --f
 "$PYTHON" -c "import importlib.metadata as m; print({p: m.version(p) for p in ('torch', 'transformers', 'diffusers', 'kernels', 'accelerate')})" >> "$R/gpu.txt" 2>&1
 stage build "${BUILD_S:-240}" "$PYTHON" tools/build_kernel.py --archs native
 tail -3 "$R/build.log"
-stage tests "${TESTS_S:-150}" "$PYTHON" -m pytest -v --tb=short -p no:cacheprovider --maxfail=200 ${PYTEST_ARGS:-}
+stage tests "${TESTS_S:-240}" "$PYTHON" -m pytest -v --tb=short -p no:cacheprovider --maxfail=200 ${PYTEST_ARGS:-}
 grep -v " PASSED" "$R/tests.log" | grep -E "FAILED|ERROR|passed|failed" | tail -40
 stage llm "${LLM_S:-60}" "$PYTHON" benchmarks/bench_llm.py --out "$R"
 stage profile "${PROFILE_S:-150}" "$PYTHON" benchmarks/profile_e2e.py --out "$R"
