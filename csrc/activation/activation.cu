@@ -75,13 +75,6 @@ void launch(const ElementwiseCall& c) {
   }
 }
 
-void check_x(const char* op, const at::Tensor& x) {
-  check_cuda(op, x, "x");
-  check_float_dtype(op, x, "x");
-  check_last_dim_contiguous(op, x, "x");
-  check_row_count(op, num_rows(x), "x");
-  check_row_length(op, x, "x");
-}
 
 // ---- act(x) ----
 
@@ -114,28 +107,28 @@ ElementwiseCall act_and_mul_call(const at::Tensor& x, std::string_view act, bool
 }  // namespace
 
 at::Tensor activation(const at::Tensor& x, std::string_view act) {
-  check_x("activation", x);
+  check_row_input("activation", x, "x");
   at::Tensor out = at::empty(x.sizes(), x.options());
   launch(activation_call(x, act, out));
   return out;
 }
 
 void activation_out(at::Tensor& out, const at::Tensor& x, std::string_view act) {
-  check_x("activation", x);
+  check_row_input("activation", x, "x");
   ElementwiseCall c = activation_call(x, act, out);
   check_output("activation", out, "out", x, x.sizes(), x.scalar_type(), {{&x, "x"}});
   launch(c);
 }
 
 at::Tensor act_and_mul(const at::Tensor& x, std::string_view act, bool act_first) {
-  check_x("act_and_mul", x);
+  check_row_input("act_and_mul", x, "x");
   at::Tensor out = at::empty(half_last_dim("act_and_mul", x), x.options());
   launch(act_and_mul_call(x, act, act_first, out));
   return out;
 }
 
 void act_and_mul_out(at::Tensor& out, const at::Tensor& x, std::string_view act, bool act_first) {
-  check_x("act_and_mul", x);
+  check_row_input("act_and_mul", x, "x");
   const std::vector<int64_t> sizes = half_last_dim("act_and_mul", x);
   ElementwiseCall c = act_and_mul_call(x, act, act_first, out);
   check_output("act_and_mul", out, "out", x, sizes, x.scalar_type(), {{&x, "x"}});
@@ -145,7 +138,7 @@ void act_and_mul_out(at::Tensor& out, const at::Tensor& x, std::string_view act,
 namespace {
 ElementwiseCall act_mul_call(const at::Tensor& gate, const at::Tensor& up, std::string_view act, at::Tensor& out) {
   constexpr const char* op = "act_mul";
-  check_x(op, gate);
+  check_row_input(op, gate, "x");
   check_same_as_x(op, up, "up", gate);
   return {op, Elementwise::kActMul, resolve_activation(op, act), &gate, gate.const_data_ptr(),
           row_indexer(op, gate, "gate"), up.const_data_ptr(), row_indexer(op, up, "up"), nullptr, {}, &out,
@@ -154,7 +147,7 @@ ElementwiseCall act_mul_call(const at::Tensor& gate, const at::Tensor& up, std::
 
 ElementwiseCall gated_add_call(const at::Tensor& x, const at::Tensor& y, const at::Tensor& gate, at::Tensor& out) {
   constexpr const char* op = "gated_add";
-  check_x(op, x);
+  check_row_input(op, x, "x");
   check_same_as_x(op, y, "y", x);
   check_broadcasts_to(op, gate, "gate", x);
   return {op, Elementwise::kGatedAdd, Activation::kSilu, &x, x.const_data_ptr(), row_indexer(op, x, "x"),

@@ -206,4 +206,14 @@ inline void check_row_length(const char* op, const at::Tensor& t, const char* na
                     ", got ", t.size(-1));
 }
 
+// The input of a row kernel (norms, activations): a float CUDA tensor whose rows have unit stride,
+// no more rows than the grid holds, and rows indexable in 32 bits.
+inline void check_row_input(const char* op, const at::Tensor& t, const char* name) {
+  check_cuda(op, t, name);
+  check_float_dtype(op, t, name);
+  check_last_dim_contiguous(op, t, name);
+  check_row_count(op, num_rows(t), name);
+  check_row_length(op, t, name);
+}
+
 }  // namespace transformer_kernels

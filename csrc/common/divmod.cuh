@@ -1,6 +1,6 @@
 // Division by a divisor fixed at launch: a multiply-high, an add and a shift in place of the
-// division sequence (~20 instructions for 32 bits, a ~70-instruction call for 64). Kernels that
-// decode a row per vector rather than per row need it. Torch-free.
+// division sequence (~20 instructions for 32 bits, a ~70-instruction call for 64). RowIndexer
+// (common/rows.cuh) locates the rows of broadcast operands with it. Torch-free.
 //
 // The magic number is Granlund & Montgomery's (PLDI 1994), in the form PyTorch's IntDivider uses:
 //   shift = ceil(log2(d)),  m = floor(2^32 * (2^shift - d) / d) + 1,

@@ -38,13 +38,6 @@ NormType resolve_norm_type(const char* op, std::string_view norm) {
   TORCH_CHECK_VALUE(false, op, ": norm must be \"rms\" or \"layer\", got \"", norm, "\"");
 }
 
-void check_x(const char* op, const at::Tensor& x) {
-  check_cuda(op, x, "x");
-  check_float_dtype(op, x, "x");
-  check_last_dim_contiguous(op, x, "x");
-  check_row_count(op, num_rows(x), "x");
-  check_row_length(op, x, "x");
-}
 
 // A per-feature parameter: [hidden], contiguous, x's dtype or float32 (norm weights are often
 // kept in fp32, e.g. under diffusers' layerwise casting).
@@ -101,7 +94,7 @@ at::Tensor empty_like_rows(const at::Tensor& x, c10::ScalarType dtype) {
 
 RmsRounding check_rms_norm(const char* op, const at::Tensor& x, const OptTensor& weight, double eps,
                            std::string_view rounding) {
-  check_x(op, x);
+  check_row_input(op, x, "x");
   check_param(op, weight, "weight", x);
   check_eps(op, eps);
   return resolve_rms_rounding(op, rounding, x, weight);
@@ -111,7 +104,7 @@ RmsRounding check_rms_norm(const char* op, const at::Tensor& x, const OptTensor&
 
 NormType check_modulated(const char* op, const at::Tensor& x, const at::Tensor& scale, const OptTensor& shift,
                          const OptTensor& weight, const OptTensor& bias, double eps, std::string_view norm) {
-  check_x(op, x);
+  check_row_input(op, x, "x");
   const NormType type = resolve_norm_type(op, norm);
   check_param(op, weight, "weight", x);
   check_param(op, bias, "bias", x);
@@ -201,7 +194,7 @@ void fused_add_rms_norm_inplace(at::Tensor& x, at::Tensor& residual, const OptTe
 namespace {
 void check_layer_norm(const char* op, const at::Tensor& x, const OptTensor& weight, const OptTensor& bias,
                       double eps) {
-  check_x(op, x);
+  check_row_input(op, x, "x");
   check_param(op, weight, "weight", x);
   check_param(op, bias, "bias", x);
   check_same_param_dtype(op, weight, bias);

@@ -385,28 +385,32 @@ std::pair<at::Tensor, at::Tensor> check_ltx_coords(const char* op, const at::Ten
   return {q4, k4};
 }
 
+// The functional table forms: new [B, S, H, d] outputs.
+template <QkNormRopeForm kForm>
+std::tuple<at::Tensor, at::Tensor> qk_norm_rope_from_tables(const char* op, const at::Tensor& q, const at::Tensor& k,
+                                                            const at::Tensor& q_weight, const at::Tensor& k_weight,
+                                                            double eps, const at::Tensor& cos, const at::Tensor& sin) {
+  check_qk_norm_rope(op, kForm, q, k, q_weight, k_weight, eps, cos, sin);
+  at::Tensor q_out = at::empty(q.sizes(), q.options());
+  at::Tensor k_out = at::empty(k.sizes(), k.options());
+  run_qk_norm_rope<kForm, CosSinSource::kTables>(op, q_out, k_out, q, k, q_weight, k_weight, eps,
+                                                 from_tables(cos, sin));
+  return {q_out, k_out};
+}
+
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor> qk_norm_rope(const at::Tensor& q, const at::Tensor& k, const at::Tensor& q_weight,
                                                 const at::Tensor& k_weight, double eps, const at::Tensor& cos,
                                                 const at::Tensor& sin) {
-  check_qk_norm_rope(kNormRopeOp, QkNormRopeForm::kDiffusers, q, k, q_weight, k_weight, eps, cos, sin);
-  at::Tensor q_out = at::empty(q.sizes(), q.options());
-  at::Tensor k_out = at::empty(k.sizes(), k.options());
-  run_qk_norm_rope<QkNormRopeForm::kDiffusers, CosSinSource::kTables>(kNormRopeOp, q_out, k_out, q, k, q_weight,
-                                                                      k_weight, eps, from_tables(cos, sin));
-  return {q_out, k_out};
+  return qk_norm_rope_from_tables<QkNormRopeForm::kDiffusers>(kNormRopeOp, q, k, q_weight, k_weight, eps, cos, sin);
 }
 
 std::tuple<at::Tensor, at::Tensor> hf_qk_norm_rope(const at::Tensor& q, const at::Tensor& k,
                                                    const at::Tensor& q_weight, const at::Tensor& k_weight, double eps,
                                                    const at::Tensor& cos, const at::Tensor& sin) {
-  check_qk_norm_rope(kHfNormRopeOp, QkNormRopeForm::kTransformers, q, k, q_weight, k_weight, eps, cos, sin);
-  at::Tensor q_out = at::empty(q.sizes(), q.options());
-  at::Tensor k_out = at::empty(k.sizes(), k.options());
-  run_qk_norm_rope<QkNormRopeForm::kTransformers, CosSinSource::kTables>(kHfNormRopeOp, q_out, k_out, q, k, q_weight,
-                                                                         k_weight, eps, from_tables(cos, sin));
-  return {q_out, k_out};
+  return qk_norm_rope_from_tables<QkNormRopeForm::kTransformers>(kHfNormRopeOp, q, k, q_weight, k_weight, eps, cos,
+                                                                 sin);
 }
 
 void hf_qk_norm_rope_out(at::Tensor& q_out, at::Tensor& k_out, const at::Tensor& q, const at::Tensor& k,
