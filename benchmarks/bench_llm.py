@@ -13,15 +13,13 @@ import argparse
 import datetime as _dt
 import json
 import re
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.harness import environment  # noqa: E402
+from benchmarks.harness import environment, wall_time_s  # noqa: E402
 from integrations.loading import load_kernel, use_local_build  # noqa: E402
 
 LLAMA_31_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
@@ -42,18 +40,6 @@ def build(layers: int):
     return model.eval()
 
 
-def timed(fn, repeats: int) -> float:
-    """Median wall time of fn() in seconds, synchronized."""
-    samples = []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        samples.append(time.perf_counter() - t0)
-    return statistics.median(samples)
-
-
 def run(args, optimized: bool) -> dict:
     model = build(args.layers)
     report = None
@@ -64,14 +50,14 @@ def run(args, optimized: bool) -> dict:
     ids = torch.randint(0, LLAMA_31_8B["vocab_size"], (1, args.prefill_tokens), device="cuda")
     with torch.no_grad():
         model(ids)  # warm-up
-        prefill = timed(lambda: model(ids), args.repeats)
+        prefill = wall_time_s(lambda: model(ids), args.repeats)
         prompt = ids[:, :32]
         gen = dict(max_new_tokens=args.decode_tokens, min_new_tokens=args.decode_tokens, do_sample=False,
                    cache_implementation="static",
                    disable_compile=True)  # HF eager: generate() would otherwise compile a static-cache model
         model.generate(prompt, **gen)  # warm-up
-        short = timed(lambda: model.generate(prompt, **{**gen, "max_new_tokens": 1, "min_new_tokens": 1}), 3)
-        full = timed(lambda: model.generate(prompt, **gen), 3)
+        short = wall_time_s(lambda: model.generate(prompt, **{**gen, "max_new_tokens": 1, "min_new_tokens": 1}), 3)
+        full = wall_time_s(lambda: model.generate(prompt, **gen), 3)
     result = {"optimized_kernels": optimized, "prefill_ms": 1e3 * prefill,
               "decode_ms_per_token": 1e3 * (full - short) / (args.decode_tokens - 1),
               "peak_memory_gb": torch.cuda.max_memory_allocated() / 1e9, "injection": report}

@@ -25,6 +25,18 @@ REP_MS = 100
 COPY_BYTES = 1 << 30  # 1 GiB each way: far beyond L2, so the copy runs at HBM speed
 
 
+def wall_time_s(fn: Callable[[], object], repeats: int) -> float:
+    """Median wall time of fn() in seconds, synchronized (whole-model calls, host time included)."""
+    samples = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
+
+
 def time_ms(fn: Callable[[], object]) -> float:
     """Median device time of fn() in ms: CUDA events, warm-up, L2 flushed before each rep."""
     from triton.testing import do_bench

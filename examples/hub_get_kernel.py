@@ -5,27 +5,18 @@
     python examples/hub_get_kernel.py --local-build   # the same code, resolved to ./build (LOCAL_KERNELS)
 """
 
-import argparse
-import os
-from pathlib import Path
-
 import torch
 
-REPO_ID = "transformer-kernels/transformer-kernels"
+from _cli import parse, parser
+from integrations.loading import REPO_ID, VERSION
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--local-build", action="store_true")
-    args = p.parse_args()
-    if args.local_build:  # what the Hub would serve, from this checkout's build/
-        os.environ.setdefault("LOCAL_KERNELS", f"{REPO_ID}={Path(__file__).resolve().parent.parent}")
-    if not torch.cuda.is_available():
-        raise SystemExit("transformer-kernels runs on NVIDIA GPUs: torch.cuda.is_available() is False")
+    parse(parser(__doc__))  # --local-build: what the Hub would serve, from this checkout's build/
 
     from kernels import LayerRepository, Mode, get_kernel, kernelize, use_kernel_mapping
 
-    tk = get_kernel(REPO_ID, version=1)
+    tk = get_kernel(REPO_ID, version=VERSION)
     x = torch.randn(8, 4096, device="cuda", dtype=torch.bfloat16)
     w = torch.rand(4096, device="cuda", dtype=torch.bfloat16) + 0.5
     residual = torch.randn_like(x)

@@ -7,30 +7,21 @@
 Greedy-decodes a few tokens before and after injecting and prints the speed of each.
 """
 
-import argparse
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from integrations.loading import use_local_build  # noqa: E402
-from integrations.transformers_models import inject  # noqa: E402
+from _cli import parse, parser
+from integrations.transformers_models import inject
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__)
     p.add_argument("--model", default="meta-llama/Llama-3.1-8B-Instruct")
     p.add_argument("--random-weights", action="store_true", help="Llama-3.1-8B's config with random weights")
     p.add_argument("--prompt", default="The fastest way to normalize a vector on a GPU is")
     p.add_argument("--new-tokens", type=int, default=64)
-    p.add_argument("--local-build", action="store_true", help="load our kernels from ./build, not the Hub")
-    args = p.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("transformer-kernels runs on NVIDIA GPUs: torch.cuda.is_available() is False")
-    if args.local_build:
-        use_local_build()
+    args = parse(p)
 
     if args.random_weights:
         from benchmarks.bench_llm import LLAMA_31_8B, build

@@ -9,29 +9,21 @@ transformer's denoising step on random latents, which is what the speed depends 
 """
 
 import argparse
-import sys
-import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from integrations.diffusers_models import inject  # noqa: E402
-from integrations.loading import use_local_build  # noqa: E402
+from _cli import parse, parser
+from benchmarks.harness import wall_time_s
+from integrations.diffusers_models import inject
 
 
-def timed(fn, repeats=3):
-    fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(repeats):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / repeats * 1e3
+def step_ms(fn) -> float:
+    fn()  # warm-up
+    return wall_time_s(fn, 3) * 1e3
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__)
     p.add_argument("--random-weights", action="store_true", help="build the transformer from its config only")
     p.add_argument("--model", default="Lightricks/LTX-Video")
     p.add_argument("--prompt", default="A red fox running through fresh snow at sunrise")
@@ -39,12 +31,7 @@ def main() -> None:
     p.add_argument("--height", type=int, default=512)
     p.add_argument("--width", type=int, default=768)
     p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--local-build", action="store_true", help="load our kernels from ./build, not the Hub")
-    args = p.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("transformer-kernels runs on NVIDIA GPUs: torch.cuda.is_available() is False")
-    if args.local_build:
-        use_local_build()
+    args = parse(p)
 
     if args.random_weights:
         from benchmarks.bench_ltx import build_transformer, inputs
@@ -53,9 +40,9 @@ def main() -> None:
         x = inputs(argparse.Namespace(num_frames=args.num_frames, height=args.height, width=args.width, batch_size=1))
         t = torch.full((x["hidden_states"].shape[0],), 500.0, device="cuda")
         with torch.no_grad():
-            eager_ms = timed(lambda: model(timestep=t, **x))
+            eager_ms = step_ms(lambda: model(timestep=t, **x))
             print(inject(model))
-            ours_ms = timed(lambda: model(timestep=t, **x))
+            ours_ms = step_ms(lambda: model(timestep=t, **x))
         print(f"denoising step: eager {eager_ms:.1f} ms, with transformer-kernels {ours_ms:.1f} ms "
               f"({eager_ms / ours_ms:.2f}x)")
         return

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-EXAMPLES = sorted((Path(__file__).resolve().parent.parent / "examples").glob("*.py"))
+EXAMPLES = sorted(p for p in (Path(__file__).resolve().parent.parent / "examples").glob("*.py")
+                  if not p.name.startswith("_"))  # _cli.py: their shared command-line setup
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
