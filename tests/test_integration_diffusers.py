@@ -64,13 +64,17 @@ def test_report_and_patched_modules(tk):
     assert "ltx_block" in str(report)
 
 
-def test_wiring_matches_eager_model_exactly_on_cpu():
-    """Same math op for op: the injected model with eager stand-ins equals the original."""
-    model = small_ltx()
-    inputs = ltx_inputs()
+def assert_wiring_exact(model, inputs):
+    """The model injected with the eager stand-ins (EAGER_TK) gives exactly its original output: the
+    patched forwards call the right ops with the right arguments."""
     expected = model(**inputs)[0]
     inject(model, EAGER_TK)
     torch.testing.assert_close(model(**inputs)[0], expected, rtol=0, atol=0)
+
+
+def test_wiring_matches_eager_model_exactly_on_cpu():
+    """Same math op for op: the injected model with eager stand-ins equals the original."""
+    assert_wiring_exact(small_ltx(), ltx_inputs())
 
 
 def test_pipeline_components_and_accelerate_hooks(tk):
@@ -134,11 +138,7 @@ def test_flux_report_and_exact_wiring_on_cpu(tk):
     report = inject(small_flux(), tk)
     assert report.replaced.get("flux_attention") == 2 and report.replaced.get("adaln_zero") == 2
     assert report.replaced.get("adaln_zero_single") == 1, report
-    model = small_flux()
-    inputs = flux_inputs()
-    expected = model(**inputs)[0]
-    inject(model, EAGER_TK)
-    torch.testing.assert_close(model(**inputs)[0], expected, rtol=0, atol=0)
+    assert_wiring_exact(small_flux(), flux_inputs())
 
 
 @pytest.mark.gpu
@@ -170,11 +170,7 @@ def test_sd3_report_and_exact_wiring_on_cpu(tk):
     # AdaLayerNormContinuous: norm_out and the last block's context norm
     assert report.replaced.get("sd35_adaln_zero_x") == 1 and report.replaced.get("adaln_continuous") == 2
     assert report.replaced.get("adaln_zero") == 2 and report.replaced.get("gelu") == 3
-    model = small_sd3()
-    inputs = sd3_inputs()
-    expected = model(**inputs)[0]
-    inject(model, EAGER_TK)
-    torch.testing.assert_close(model(**inputs)[0], expected, rtol=0, atol=0)
+    assert_wiring_exact(small_sd3(), sd3_inputs())
 
 
 @pytest.mark.gpu

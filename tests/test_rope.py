@@ -511,6 +511,15 @@ def _f32(*shape):
     return torch.rand(*shape, device="cuda")
 
 
+
+def _vllm(t, positions=None, query=None, key=None, cache=None):
+    """vLLM's rotary_embedding on 4 tokens, 2 query heads and 1 key head of 64, a [32, 64] cache;
+    the argument given replaces the valid one."""
+    positions = torch.zeros(4, dtype=torch.long, device="cuda") if positions is None else positions
+    return t.rotary_embedding(positions, _bf(4, 128) if query is None else query, _bf(4, 64) if key is None else key,
+                              64, _bf(32, 64) if cache is None else cache)
+
+
 BAD = {
     "odd_rotary": (lambda t: t.ops.rope(_bf(1, 4, 2, 64), _bf(1, 4, 2, 64), _bf(1, 4, 63), _bf(1, 4, 63), "neox", False),
                    ValueError, "must be even"),
@@ -533,24 +542,14 @@ BAD = {
         qkv[..., :128].unflatten(-1, (2, 64)), qkv[..., 127:255].unflatten(-1, (2, 64)), _bf(1, 4, 64), _bf(1, 4, 64),
         unsqueeze_dim=2))(
         _bf(1, 4, 384)), ValueError, "q must not share memory with k"),
-    "vllm_positions_int32": (lambda t: t.rotary_embedding(torch.zeros(4, dtype=torch.int32, device="cuda"),
-                                                          _bf(4, 128), _bf(4, 64), 64, _bf(32, 64)),
+    "vllm_positions_int32": (lambda t: _vllm(t, positions=torch.zeros(4, dtype=torch.int32, device="cuda")),
                              TypeError, "positions must have dtype"),
-    "vllm_positions_count": (lambda t: t.rotary_embedding(torch.zeros(5, dtype=torch.long, device="cuda"),
-                                                          _bf(4, 128), _bf(4, 64), 64, _bf(32, 64)),
+    "vllm_positions_count": (lambda t: _vllm(t, positions=torch.zeros(5, dtype=torch.long, device="cuda")),
                              ValueError, "one entry per token"),
-    "vllm_head_size": (lambda t: t.rotary_embedding(torch.zeros(4, dtype=torch.long, device="cuda"),
-                                                    _bf(4, 100), _bf(4, 64), 64, _bf(32, 64)),
-                       ValueError, "query must be"),
-    "vllm_cache_odd": (lambda t: t.rotary_embedding(torch.zeros(4, dtype=torch.long, device="cuda"),
-                                                    _bf(4, 128), _bf(4, 64), 64, _bf(32, 63)),
-                       ValueError, "rotary_dim even"),
-    "vllm_cache_wider_than_head": (lambda t: t.rotary_embedding(torch.zeros(4, dtype=torch.long, device="cuda"),
-                                                                _bf(4, 128), _bf(4, 64), 64, _bf(32, 128)),
-                                   ValueError, "at most head_size"),
-    "vllm_cache_fp16": (lambda t: t.rotary_embedding(torch.zeros(4, dtype=torch.long, device="cuda"),
-                                                     _bf(4, 128), _bf(4, 64), 64, _bf(32, 64).half()),
-                        TypeError, "cos_sin_cache must have"),
+    "vllm_head_size": (lambda t: _vllm(t, query=_bf(4, 100)), ValueError, "query must be"),
+    "vllm_cache_odd": (lambda t: _vllm(t, cache=_bf(32, 63)), ValueError, "rotary_dim even"),
+    "vllm_cache_wider_than_head": (lambda t: _vllm(t, cache=_bf(32, 128)), ValueError, "at most head_size"),
+    "vllm_cache_fp16": (lambda t: _vllm(t, cache=_bf(32, 64).half()), TypeError, "cos_sin_cache must have"),
     "qk_norm_rope_odd_width": (lambda t: t.ops.qk_norm_rope(_bf(1, 4, 1, 63), _bf(1, 4, 1, 63), _bf(63), _bf(63),
                                                             1e-6, _bf(1, 4, 63).float(), _bf(1, 4, 63).float()),
                                ValueError, "must be even"),
