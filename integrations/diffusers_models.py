@@ -21,7 +21,7 @@ from typing import Callable, NamedTuple
 import torch
 
 from .loading import load_kernel
-from .patching import InjectionReport, Rule, apply_rules, forward_from, layer_forward, named
+from .patching import InjectionReport, Rule, apply_rules, forward_from, layer_forward, named, set_forward
 
 # ---- patched forwards (bound to the module they replace) ----
 
@@ -204,15 +204,19 @@ class LTXAttnProcessor:
         key = attn.to_k(encoder_hidden_states)
         value = attn.to_v(encoder_hidden_states)
         eps = _fused_qk_norm_eps(attn.norm_q, attn.norm_k)
+        # image_rotary_emb: the rope module's (cos, sin) tables, or its coordinates (LTXRopeCoords)
+        # where inject patched the rope module (the kernel then computes cos/sin itself)
+        from_coords = isinstance(image_rotary_emb, LTXRopeCoords)
         if image_rotary_emb is not None and eps is not None and query.shape[1] == key.shape[1]:
             # self-attention: both norms and the rotation in one launch
-            query, key = self.tk.ltx_qk_norm_rope(query, key, attn.norm_q.weight, attn.norm_k.weight, eps,
-                                                  *image_rotary_emb)
+            fused = self.tk.ltx_qk_norm_rope_from_coords if from_coords else self.tk.ltx_qk_norm_rope
+            query, key = fused(query, key, attn.norm_q.weight, attn.norm_k.weight, eps, *image_rotary_emb)
         else:
             query = self._qk_norm(attn.norm_q, query)
             key = self._qk_norm(attn.norm_k, key)
             if image_rotary_emb is not None:
-                query, key = self.tk.ltx_rotary_emb(query, key, *image_rotary_emb)
+                rotate = self.tk.ltx_rotary_emb_from_coords if from_coords else self.tk.ltx_rotary_emb
+                query, key = rotate(query, key, *image_rotary_emb)
 
         query = query.unflatten(2, (attn.heads, -1))
         key = key.unflatten(2, (attn.heads, -1))
@@ -242,14 +246,9 @@ def ltx_rope_coords(rope: torch.nn.Module, hidden_states: torch.Tensor, num_fram
                     video_coords: torch.Tensor | None = None) -> LTXRopeCoords:
     """``LTXVideoRotaryPosEmbed.forward`` up to (not including) its angles: the same arguments, and
     the same float32 ops on the same device (the grid through the module's own
-    ``_prepare_video_coords``), so the kernels' cos/sin equal the module's tables bit for bit.
-
-    Not used by ``inject`` yet: the LTX processor still takes the module's tables. Switching (after
-    a GPU run of tests/test_rope.py's coordinate tests) is two steps: a rule patching
-    ``LTXVideoRotaryPosEmbed.forward`` to return ``ltx_rope_coords(self, ...)``, and
-    ``LTXAttnProcessor`` calling ``tk.ltx_qk_norm_rope_from_coords`` / ``tk.ltx_rotary_emb_from_coords``
-    with ``*image_rotary_emb`` where it now calls the table forms (an ``LTXRopeCoords`` passed to
-    the table forms is rejected: its grid is no ``[B, S, C]`` table)."""
+    ``_prepare_video_coords``), so the kernels' cos/sin equal the module's tables bit for bit
+    (tests/test_rope.py checks that on the GPU). ``inject`` makes it the rope module's forward when
+    every attention of the model takes our processor (``_ltx_rope_coords_patch``)."""
     if video_coords is None:
         grid = rope._prepare_video_coords(hidden_states.size(0), num_frames, height, width,
                                           rope_interpolation_scale=rope_interpolation_scale,
@@ -291,7 +290,27 @@ def _layer_norm_skip(m: torch.nn.Module) -> str | None:
     return None if len(m.normalized_shape) == 1 else "normalizes more than the last dimension"
 
 
+def _ltx_rope_skip(model: torch.nn.Module) -> str | None:
+    if type(getattr(model, "rope", None)).__name__ != "LTXVideoRotaryPosEmbed":
+        return "its rope module is not LTXVideoRotaryPosEmbed"
+    if getattr(model, "_parallel_config", None) is not None:  # its plan splits the rope's two [B, S, C] tables
+        return "context parallelism splits the rope tables along the sequence"
+    # The coordinates reach every attention of the model: each must take our processor, which
+    # tells coordinates from tables (diffusers' processors take only tables).
+    attentions = [m for m in model.modules() if type(m).__name__ == "LTXAttention"]
+    reasons = {why for why in map(_ltx_attention_skip, attentions) if why is not None}
+    return f"its attention keeps diffusers' processor ({'; '.join(sorted(reasons))})" if reasons else None
+
+
+def _ltx_rope_coords_patch(model: torch.nn.Module, tk: ModuleType) -> None:
+    """The rope module returns the coordinates its tables come from (``ltx_rope_coords``), not
+    the fp32 tables: the attention kernels compute cos/sin from them, reading 2 x 4 bytes per
+    channel less per token for each of q and k, and the tables are never built."""
+    set_forward(model.rope, ltx_rope_coords)
+
+
 RULES: tuple[Rule, ...] = (
+    Rule("ltx_rope_coords", named("LTXVideoTransformer3DModel"), _ltx_rope_coords_patch, skip=_ltx_rope_skip),
     Rule("ltx_block", named("LTXVideoTransformerBlock"), forward_from(_ltx_block_forward), claims=("norm1", "norm2")),
     Rule("ltx_attention", named("LTXAttention"), lambda m, tk: m.set_processor(LTXAttnProcessor(tk)),
          claims=("norm_q", "norm_k"), skip=_ltx_attention_skip),

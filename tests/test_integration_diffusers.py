@@ -12,7 +12,7 @@ import torch
 from helpers import EAGER_LAYERS, randomize_norm_weights
 from reference.activations import eager_activation, eager_gated_add
 from reference.norms import diffusers_norm_modulate, ltx_gated_add_norm_modulate
-from reference.rope import diffusers_interleaved_rotary, diffusers_qk_norm_rope
+from reference.rope import diffusers_interleaved_rotary, diffusers_qk_norm_rope, ltx_tables_from_coords
 
 diffusers = pytest.importorskip("diffusers")
 from integrations.diffusers_models import LTXAttnProcessor, inject  # noqa: E402
@@ -29,6 +29,10 @@ EAGER_TK = SimpleNamespace(
     ltx_rotary_emb=lambda q, k, cos, sin: (diffusers_interleaved_rotary(q, cos, sin),
                                            diffusers_interleaved_rotary(k, cos, sin)),
     ltx_qk_norm_rope=diffusers_qk_norm_rope,
+    ltx_rotary_emb_from_coords=lambda q, k, grid, freqs: EAGER_TK.ltx_rotary_emb(
+        q, k, *ltx_tables_from_coords(grid, freqs, q.shape[-1])),
+    ltx_qk_norm_rope_from_coords=lambda q, k, q_weight, k_weight, eps, grid, freqs: diffusers_qk_norm_rope(
+        q, k, q_weight, k_weight, eps, *ltx_tables_from_coords(grid, freqs, q.shape[-1])),
     flux_rotary_emb=lambda q, k, cos, sin: (diffusers_interleaved_rotary(q, cos[None, :, None], sin[None, :, None]),
                                             diffusers_interleaved_rotary(k, cos[None, :, None], sin[None, :, None])),
 )
@@ -56,7 +60,7 @@ def ltx_inputs(dtype=torch.float32, device="cpu", B=2, F=3, H=4, W=6, T=7):
 def test_report_and_patched_modules(tk):
     model = small_ltx()
     report = inject(model, tk)
-    assert report.replaced == {"ltx_block": 2, "ltx_attention": 4, "gelu": 3, "layer_norm": 1}
+    assert report.replaced == {"ltx_rope_coords": 1, "ltx_block": 2, "ltx_attention": 4, "gelu": 3, "layer_norm": 1}
     assert all(isinstance(m.processor, LTXAttnProcessor) for m in model.modules() if hasattr(m, "processor"))
     block = model.transformer_blocks[0]
     assert block.forward.__func__.__qualname__.startswith("_ltx_block_forward")
@@ -75,6 +79,35 @@ def assert_wiring_exact(model, inputs):
 def test_wiring_matches_eager_model_exactly_on_cpu():
     """Same math op for op: the injected model with eager stand-ins equals the original."""
     assert_wiring_exact(small_ltx(), ltx_inputs())
+
+
+def test_rope_gives_coordinates_only_where_every_attention_takes_them():
+    """The rope module returns LTXRopeCoords once injected, and the processor sends them to the
+    coordinate ops; a model with an attention left to diffusers' processor keeps the tables (the
+    rope is left alone, with the reason), and so does a context-parallel model."""
+    from integrations.diffusers_models import LTXRopeCoords
+
+    calls = []
+    stand_in = SimpleNamespace(**vars(EAGER_TK))
+    stand_in.ltx_qk_norm_rope_from_coords = lambda *a: (calls.append("coords"), EAGER_TK.ltx_qk_norm_rope_from_coords(*a))[1]
+    stand_in.ltx_qk_norm_rope = lambda *a: (calls.append("tables"), EAGER_TK.ltx_qk_norm_rope(*a))[1]
+    model = small_ltx()
+    inject(model, stand_in)
+    rope_out = model.rope(torch.zeros(2, 72, 128), 3, 4, 6, (8 / 25, 32, 32))
+    assert isinstance(rope_out, LTXRopeCoords) and rope_out.grid.shape == (2, 72, 3)
+    model(**ltx_inputs())
+    assert calls == ["coords"] * 2  # one self-attention per block
+
+    for spoil in ("norm_q", "parallel"):
+        model = small_ltx()
+        if spoil == "norm_q":
+            model.transformer_blocks[1].attn2.norm_q = torch.nn.LayerNorm(128)
+        else:
+            model._parallel_config = object()
+        report = inject(model, stand_in)
+        assert "ltx_rope_coords" not in report.replaced
+        assert ("not torch.nn.RMSNorm" if spoil == "norm_q" else "context parallelism") in report.left["LTXVideoTransformer3DModel"]
+        assert "forward" not in vars(model.rope) and isinstance(model.rope(torch.zeros(2, 72, 128), 3, 4, 6), tuple)
 
 
 def test_pipeline_components_and_accelerate_hooks(tk):
