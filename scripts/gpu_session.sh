@@ -10,6 +10,8 @@
 #   NCU_S=90 adds Nsight Compute counters of our kernels (scripts/gpu_ncu.sh -> ncu.csv)
 #   PYTEST_ARGS="tests/test_rope.py" runs part of the suite (a short confirming run)
 #   AB_FLAGS="-DTK_FUSED_CACHED_VECS=2" AB_OPS="modulate fused_add_rms_norm" ...   adds an A/B stage
+#   LAB_VARIANTS="default=;prefetch=-DTK_NORM_PREFETCH_PARAMS=1" LAB_CASES="norm" ...   kernel-lab variants
+#     (benchmarks/lab/kernel_lab.cu built per variant: no extension rebuild), after the build
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="$1"; shift
@@ -37,6 +39,10 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --f
 "$PYTHON" -c "import importlib.metadata as m; print({p: m.version(p) for p in ('torch', 'transformers', 'diffusers', 'kernels', 'accelerate')})" >> "$R/gpu.txt" 2>&1
 stage build "${BUILD_S:-240}" "$PYTHON" tools/build_kernel.py --archs native
 tail -3 "$R/build.log"
+if [ -n "${LAB_VARIANTS:-}" ]; then  # kernel-lab variants (scripts/gpu_lab.sh), ';'-separated name=FLAGS
+  IFS=';' read -ra lab_variants <<< "$LAB_VARIANTS"
+  stage lab "${LAB_S:-150}" bash scripts/gpu_lab.sh "$R/lab.txt" "${lab_variants[@]}" -- ${LAB_CASES:-}
+fi
 stage tests "${TESTS_S:-240}" "$PYTHON" -m pytest -v --tb=short -p no:cacheprovider --maxfail=200 ${PYTEST_ARGS:-}
 grep -v " PASSED" "$R/tests.log" | grep -E "FAILED|ERROR|passed|failed" | tail -40
 stage llm "${LLM_S:-60}" "$PYTHON" benchmarks/bench_llm.py --out "$R"

@@ -60,7 +60,19 @@ namespace elementwise_detail {
 
 constexpr int kThreadsPerBlock = 256;
 // Vectors each thread loads per step (all in flight together); also what sizes a row's threads.
-constexpr int kVecsPerThread = 4;
+// Tuning knob for the A/B: TK_CUDA_FLAGS=-DTK_ACT_VECS_PER_THREAD=2 python tools/build_kernel.py
+#ifndef TK_ACT_VECS_PER_THREAD
+#define TK_ACT_VECS_PER_THREAD 4
+#endif
+constexpr int kVecsPerThread = TK_ACT_VECS_PER_THREAD;
+// Whether a row longer than a block's step (kThreadsPerBlock * kVecsPerThread vectors) is split
+// over several blocks (grid.y), each taking one step of it (1), or one block loops over it (0).
+// Tuning knob for the A/B: -DTK_ACT_ROW_CHUNKS=1
+#ifndef TK_ACT_ROW_CHUNKS
+#define TK_ACT_ROW_CHUNKS 0
+#endif
+constexpr bool kRowChunks = TK_ACT_ROW_CHUNKS != 0;
+constexpr unsigned kMaxGridY = 65535;
 
 template <typename T, Elementwise kOp, Activation kAct>
 TK_DEVICE float apply(float a, float b, float c) {
@@ -93,7 +105,10 @@ __global__ void elementwise_kernel(const ElementwiseParams<T> p) {
 
   // kVecsPerThread vectors per thread per step, all loads issued before any math or store, so
   // that each thread keeps that many 16-byte loads of every operand in flight.
-  for (int base = lane; base < num_vecs; base += threads * kVecsPerThread) {
+  // Block y of gridDim.y takes every gridDim.y-th step of the row (the only one when the grid
+  // splits rows into one step per block).
+  for (int base = lane + static_cast<int>(blockIdx.y) * threads * kVecsPerThread; base < num_vecs;
+       base += static_cast<int>(gridDim.y) * threads * kVecsPerThread) {
     vec av[kVecsPerThread], bv[kVecsPerThread], cv[kVecsPerThread];
 #pragma unroll
     for (int u = 0; u < kVecsPerThread; ++u) {
@@ -119,6 +134,7 @@ __global__ void elementwise_kernel(const ElementwiseParams<T> p) {
       }
     }
   }
+  if (blockIdx.y != 0) return;  // the tail (< kVec elements) is block 0's
   for (int col = num_vecs * kVec + lane; col < cols; col += threads) {
     const float bf = kOp != Elementwise::kAct ? to_float(b[col]) : 0.f;
     const float cf = kOp == Elementwise::kGatedAdd ? to_float(c[col]) : 0.f;
@@ -136,7 +152,9 @@ cudaError_t launch(ElementwiseParams<T> p, cudaStream_t stream) {
   while ((int64_t{1} << log2) < wanted && (1 << log2) < kThreadsPerBlock) ++log2;
   p.log2_threads_per_row = log2;
   const int64_t rows_per_block = kThreadsPerBlock >> log2;
-  const dim3 grid(static_cast<unsigned>((p.num_rows + rows_per_block - 1) / rows_per_block));
+  const int64_t steps = kRowChunks ? (num_vecs + kThreadsPerBlock * kVecsPerThread - 1) / (kThreadsPerBlock * kVecsPerThread) : 1;
+  const dim3 grid(static_cast<unsigned>((p.num_rows + rows_per_block - 1) / rows_per_block),
+                  static_cast<unsigned>(std::min<int64_t>(steps, kMaxGridY)));
   elementwise_kernel<T, kOp, kAct, kVec><<<grid, kThreadsPerBlock, 0, stream>>>(p);
   return cudaGetLastError();
 }

@@ -52,7 +52,12 @@ struct QkNormRopeParams {
 
 namespace qk_norm_rope_detail {
 
-constexpr int kCachedVecs = 4;  // vectors per thread, all held between the reduction and the store
+// Vectors per thread, all held between the reduction and the store. Tuning knob for the A/B:
+// -DTK_QK_NORM_ROPE_CACHED_VECS=2 (twice the threads per row; rows up to half the width)
+#ifndef TK_QK_NORM_ROPE_CACHED_VECS
+#define TK_QK_NORM_ROPE_CACHED_VECS 4
+#endif
+constexpr int kCachedVecs = TK_QK_NORM_ROPE_CACHED_VECS;
 constexpr int kGroupThreadsPerBlock = 256;
 constexpr int kSmallGroup = 4;  // the narrowest lane group a row gets
 constexpr int kMaxThreads = 1024;

@@ -159,6 +159,12 @@ struct RopeParams {
 namespace rope_detail {
 
 constexpr int kThreadsPerBlock = 256;
+// Steps (kPairs pairs of each row) a thread takes at once, all their loads issued before any math:
+// the bytes each thread keeps in flight. Tuning knob for the A/B: -DTK_ROPE_STEPS=2
+#ifndef TK_ROPE_STEPS
+#define TK_ROPE_STEPS 1
+#endif
+constexpr int kStepsPerThread = TK_ROPE_STEPS;
 
 // Rotates kPairs pairs (x1[i], x2[i]) into y1, y2: y1 = x1*c1 - x2*s1, y2 = x2*c2 + x1*s2, in fp32
 // with one rounding (kFp32Math), or as transformers' model-dtype code rounds each product and the
@@ -276,35 +282,58 @@ __global__ void rope_kernel(const RopeParams<T, table_t> p) {
       c2[i] = c1[i], s2[i] = s1[i];
     }
   };
-  for (int j0 = lane * kPairs; j0 < num_pairs; j0 += threads * kPairs) {
+  constexpr int kSteps = kStepsPerThread;
+  for (int first = lane * kPairs; first < num_pairs; first += threads * kPairs * kSteps) {
     float c1[kPairs], c2[kPairs], s1[kPairs], s2[kPairs];
-    if constexpr (kCache) {  // the cache row before x, as before the coordinate form (40 registers, not 48)
+    if constexpr (kCache && kSteps == 1) {  // the cache row before x (40 registers, not 48)
       if constexpr (kPairs == 1) {
-        c1[0] = to_float(cos[j0]), s1[0] = to_float(sin[j0]);
+        c1[0] = to_float(cos[first]), s1[0] = to_float(sin[first]);
       } else {
         vec_t<table_t, kPairs> cv, sv;
-        cv.load(cos + j0);
-        sv.load(sin + j0);
+        cv.load(cos + first);
+        sv.load(sin + first);
         cv.cast_to(c1);
         sv.cast_to(s1);
       }
       share_pairs(c1, c2, s1, s2);
     }
-    float x1[kRows][kPairs], x2[kRows][kPairs];
+    float x1[kSteps][kRows][kPairs], x2[kSteps][kRows][kPairs];
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) load_pairs<kStyle, kPairs>(x[r], j0, num_pairs, x1[r], x2[r]);
-    if constexpr (kCoords) {  // after x's loads: the math hides their latency
-      p.coords.cos_sin(g, j0, c1, s1);
-      share_pairs(c1, c2, s1, s2);
-    } else if constexpr (!kCache) {
-      load_pairs<kStyle, kPairs>(cos, j0, num_pairs, c1, c2);
-      load_pairs<kStyle, kPairs>(sin, j0, num_pairs, s1, s2);
+    for (int st = 0; st < kSteps; ++st) {
+      const int j0 = first + st * threads * kPairs;
+      if (kSteps == 1 || j0 < num_pairs) {
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) load_pairs<kStyle, kPairs>(x[r], j0, num_pairs, x1[st][r], x2[st][r]);
+      }
     }
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      T y1[kPairs], y2[kPairs];
-      rotate_pairs<T, kFp32Math>(x1[r], x2[r], c1, c2, s1, s2, y1, y2);
-      store_pairs<kStyle, kPairs>(out[r], j0, num_pairs, y1, y2);
+    for (int st = 0; st < kSteps; ++st) {
+      const int j0 = first + st * threads * kPairs;
+      if (kSteps > 1 && j0 >= num_pairs) break;
+      if constexpr (kCoords) {  // after x's loads: the math hides their latency
+        p.coords.cos_sin(g, j0, c1, s1);
+        share_pairs(c1, c2, s1, s2);
+      } else if constexpr (kCache && kSteps > 1) {
+        if constexpr (kPairs == 1) {
+          c1[0] = to_float(cos[j0]), s1[0] = to_float(sin[j0]);
+        } else {
+          vec_t<table_t, kPairs> cv, sv;
+          cv.load(cos + j0);
+          sv.load(sin + j0);
+          cv.cast_to(c1);
+          sv.cast_to(s1);
+        }
+        share_pairs(c1, c2, s1, s2);
+      } else if constexpr (!kCache) {
+        load_pairs<kStyle, kPairs>(cos, j0, num_pairs, c1, c2);
+        load_pairs<kStyle, kPairs>(sin, j0, num_pairs, s1, s2);
+      }
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        T y1[kPairs], y2[kPairs];
+        rotate_pairs<T, kFp32Math>(x1[st][r], x2[st][r], c1, c2, s1, s2, y1, y2);
+        store_pairs<kStyle, kPairs>(out[r], j0, num_pairs, y1, y2);
+      }
     }
   }
   if (p.copy_pass_through) {
@@ -335,10 +364,11 @@ cudaError_t rope(RopeParams<T, table_t> p, cudaStream_t stream) {
                                            (kSource != CosSinSource::kCache || num_pairs % kVecElems == 0));
   const bool vectorizable = num_pairs % kVecPairs == 0 && p.qk.template aligned<kVecElems>() && tables_aligned;
   const int pairs_per_step = vectorizable ? kVecPairs : 1;
-  // Threads per row: a power of two covering the row's steps (at least one), at most a block.
+  // Threads per row: a power of two covering the row's steps (at least one, kStepsPerThread per
+  // thread), at most a block.
   const int steps = (num_pairs + pairs_per_step - 1) / pairs_per_step;
   int log2 = 0;
-  while ((1 << log2) < steps && (1 << log2) < rope_detail::kThreadsPerBlock) ++log2;
+  while ((1 << log2) * rope_detail::kStepsPerThread < steps && (1 << log2) < rope_detail::kThreadsPerBlock) ++log2;
   p.log2_threads_per_row = log2;
   const int64_t groups_per_block = rope_detail::kThreadsPerBlock >> log2;
   const dim3 grid(static_cast<unsigned>((groups + groups_per_block - 1) / groups_per_block));
