@@ -218,6 +218,9 @@ std::vector<Case> make_cases() {
     qk.q = q, qk.k = k, qk.q_out = q_out, qk.k_out = k_out;
     qk.q_strides = qk.k_strides = qk.q_out_strides = qk.k_out_strides = st;
     qk.batch = batch, qk.seq = seq, qk.num_q_heads = qk.num_k_heads = 1;
+#ifndef LAB_SLOW_DIVISION  // the A/B of QkRows' 32-bit dividers
+    qk = qk.with_fast_divisors();
+#endif
     LtxCoords coords;
     coords.grid = ramp_float(tokens * 3, 1.f);
     coords.grid_b = seq * 3, coords.grid_s = 3, coords.grid_c = 1;
@@ -243,6 +246,29 @@ std::vector<Case> make_cases() {
     tp.table_b = seq * c, tp.table_s = c;
     cases.push_back({"ltx_qk_norm_rope tables 2x8064x2048", qk_bytes + 2.0 * tokens * c * sizeof(float), [tp] {
                        CHECK((qk_norm_rope<QkNormRopeForm::kDiffusers, CosSinSource::kTables>(tp, 0)));
+                     }});
+  }
+  // transformers' RoPE on Llama-3-8B prefill: q, k views of a fused QKV [4, 4096, 48, 128], NeoX
+  // pairs, bf16 tables [4, 4096, 128], out of place.
+  {
+    const int64_t batch = 4, seq = 4096, d = 128, hq = 32, hk = 8, tokens = batch * seq;
+    bf16* qkv = random_bf16(tokens * 48 * d, 23);
+    QkRows<bf16> qk{};
+    qk.q = qkv, qk.k = qkv + hq * d;
+    qk.q_strides = qk.k_strides = HeadStrides{seq * 48 * d, 48 * d, d};
+    qk.q_out = random_bf16(tokens * hq * d, 24), qk.q_out_strides = HeadStrides{seq * hq * d, hq * d, d};
+    qk.k_out = random_bf16(tokens * hk * d, 25), qk.k_out_strides = HeadStrides{seq * hk * d, hk * d, d};
+    qk.batch = batch, qk.seq = seq, qk.num_q_heads = static_cast<int>(hq), qk.num_k_heads = static_cast<int>(hk);
+#ifndef LAB_SLOW_DIVISION
+    qk = qk.with_fast_divisors();
+#endif
+    RopeParams<bf16, bf16> rp{};
+    rp.qk = qk, rp.cos = random_bf16(tokens * d, 26), rp.sin = random_bf16(tokens * d, 27);
+    rp.table_b = seq * d, rp.table_s = d, rp.head_dim = rp.rotary_dim = static_cast<int>(d);
+    rp.copy_pass_through = false;
+    const double bytes = (2.0 * tokens * (hq + hk) * d + 2.0 * tokens * d) * kBf16;
+    cases.push_back({"hf_rope 4x4096 q32 k8 d128", bytes, [rp] {
+                       CHECK((rope<RopeStyle::kNeox, false, CosSinSource::kTables>(rp, 0)));
                      }});
   }
   return cases;

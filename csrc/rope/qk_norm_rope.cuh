@@ -21,6 +21,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -52,12 +53,16 @@ struct QkNormRopeParams {
 
 namespace qk_norm_rope_detail {
 
-// Vectors per thread, all held between the reduction and the store. Tuning knob for the A/B:
-// -DTK_QK_NORM_ROPE_CACHED_VECS=2 (twice the threads per row; rows up to half the width)
-#ifndef TK_QK_NORM_ROPE_CACHED_VECS
-#define TK_QK_NORM_ROPE_CACHED_VECS 4
+// Vectors per thread, all held between the reduction and the store: lane-group modes, and block
+// mode (rows wider than a warp's; rows needing more than kMaxThreads threads at that count fall
+// back to kCachedVecs). Block mode with 2 measured against 4 in the kernel lab (H200, LTX's
+// 2x8064x2048): 60.6 % vs 53.4 % of copy from coordinates, 93.6 % vs 90.3 % from tables.
+constexpr int kCachedVecs = 4;
+#ifndef TK_QK_NORM_ROPE_BLOCK_CACHED_VECS  // tuning knob: -DTK_QK_NORM_ROPE_BLOCK_CACHED_VECS=4
+#define TK_QK_NORM_ROPE_BLOCK_CACHED_VECS 2
 #endif
-constexpr int kCachedVecs = TK_QK_NORM_ROPE_CACHED_VECS;
+constexpr int kBlockCachedVecs = TK_QK_NORM_ROPE_BLOCK_CACHED_VECS;
+static_assert(kBlockCachedVecs <= kCachedVecs, "the widest rows take kCachedVecs per thread");
 constexpr int kGroupThreadsPerBlock = 256;
 constexpr int kSmallGroup = 4;  // the narrowest lane group a row gets
 constexpr int kMaxThreads = 1024;
@@ -96,7 +101,7 @@ TK_DEVICE void normalize(float (&n)[kVec], float inv_rms, const float (&w)[kVec]
 // interleaved pairs, so that each vector holds whole pairs). A group holds kRows rows: one, or
 // (coordinate form) q's and k's row of a token, each with the lanes and units one row would have.
 template <QkNormRopeForm kForm, CosSinSource kSource, typename T, typename weight_t, typename table_t, int kVec,
-          int kThreadsPerRow>
+          int kThreadsPerRow, int kRowCachedVecs = kCachedVecs>
 __global__ void qk_norm_rope_kernel(const QkNormRopeParams<T, weight_t, table_t> p) {
   static_assert(kSource == CosSinSource::kTables ||
                     (kSource == CosSinSource::kLtxCoords && kForm == QkNormRopeForm::kDiffusers),
@@ -104,7 +109,8 @@ __global__ void qk_norm_rope_kernel(const QkNormRopeParams<T, weight_t, table_t>
   constexpr bool kCoords = kSource == CosSinSource::kLtxCoords;
   constexpr int kRows = rows_per_group(kSource);  // 2: q and k one row each per token (the ops take [B, S, C])
   constexpr int kUnitVecs = vecs_per_unit(kForm);
-  constexpr int kCachedUnits = kCachedVecs / kUnitVecs;  // per row
+  constexpr int kCachedUnits = kRowCachedVecs / kUnitVecs;  // per row
+  static_assert(kCachedUnits >= 1, "a thread holds at least one unit");
   constexpr bool kFp32Rotation = !half_rotation(kForm);  // diffusers: one rounding; transformers: per op
   using vec = vec_t<T, kVec>;
   const int64_t num_groups = p.qk.num_rows() / kRows;
@@ -245,9 +251,19 @@ cudaError_t launch(const QkNormRopeParams<T, weight_t, table_t>& p, cudaStream_t
   using std::integral_constant;
   if (!(in_group_of(integral_constant<int, kSmallGroup>{}) || in_group_of(integral_constant<int, 8>{}) ||
         in_group_of(integral_constant<int, 16>{}) || in_group_of(integral_constant<int, kWarpSize>{}))) {
-    const int wanted = (num_units + kCachedUnits - 1) / kCachedUnits;
-    const int threads = (wanted + kWarpSize - 1) / kWarpSize * kWarpSize;  // <= kMaxThreads: host-checked
-    qk_norm_rope_kernel<kForm, kSource, T, weight_t, table_t, kVec, 0><<<grid_for(1), threads, 0, stream>>>(p);
+    // A block per group, kBlockCachedVecs per thread where the row fits, kCachedVecs beyond.
+    constexpr int kBlockUnits = std::max(1, kBlockCachedVecs / vecs_per_unit(kForm));
+    auto threads_for = [&](int units_per_thread) {
+      const int wanted = (num_units + units_per_thread - 1) / units_per_thread;
+      return (wanted + kWarpSize - 1) / kWarpSize * kWarpSize;
+    };
+    if (threads_for(kBlockUnits) <= kMaxThreads) {
+      qk_norm_rope_kernel<kForm, kSource, T, weight_t, table_t, kVec, 0, kBlockUnits * vecs_per_unit(kForm)>
+          <<<grid_for(1), threads_for(kBlockUnits), 0, stream>>>(p);
+    } else {  // <= kMaxThreads: host-checked
+      qk_norm_rope_kernel<kForm, kSource, T, weight_t, table_t, kVec, 0>
+          <<<grid_for(1), threads_for(kCachedUnits), 0, stream>>>(p);
+    }
   }
   return cudaGetLastError();
 }

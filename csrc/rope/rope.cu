@@ -30,10 +30,10 @@ HeadStrides head_strides(const at::Tensor& t) { return {t.stride(0), t.stride(1)
 // q, k and their outputs, [B, S, H, d] views, as the kernels address them.
 template <typename T>
 QkRows<T> qk_rows(at::Tensor& q_out, const at::Tensor& q, at::Tensor& k_out, const at::Tensor& k) {
-  return {static_cast<T*>(q_out.data_ptr()), head_strides(q_out), static_cast<const T*>(q.const_data_ptr()),
+  return QkRows<T>{static_cast<T*>(q_out.data_ptr()), head_strides(q_out), static_cast<const T*>(q.const_data_ptr()),
           head_strides(q), static_cast<T*>(k_out.data_ptr()), head_strides(k_out),
           static_cast<const T*>(k.const_data_ptr()), head_strides(k), q.size(0), q.size(1),
-          static_cast<int>(q.size(2)), static_cast<int>(k.size(2))};
+          static_cast<int>(q.size(2)), static_cast<int>(k.size(2))}.with_fast_divisors();
 }
 
 // q [B, S, Hq, d] and k [B, S, Hk, d]: CUDA, float, same device and dtype, last dim contiguous.

@@ -19,6 +19,7 @@
 
 #include <cstdint>
 
+#include "common/divmod.cuh"
 #include "common/math.cuh"
 #include "common/vec.cuh"
 
@@ -49,12 +50,34 @@ struct QkRows {
   HeadStrides k_strides;
   int64_t batch, seq;
   int num_q_heads, num_k_heads;
+  // seq and heads() as 32-bit dividers, valid when `fast` (with_fast_divisors: every row index is
+  // below kFastDivmodLimit). A thread locates its row once, and many take a single step of it, so
+  // two 64-bit divisions (~70-instruction calls each) weighed on the short-row kernels.
+  FastDivmod seq_divisor, heads_divisor;
+  bool fast = false;
 
   TK_HOST_DEVICE int heads() const { return num_q_heads + num_k_heads; }
   TK_HOST_DEVICE int64_t num_rows() const { return batch * seq * heads(); }
 
+  // Host side: sets the 32-bit dividers when every row index allows them.
+  QkRows with_fast_divisors() const {
+    QkRows r = *this;
+    r.fast = seq > 0 && heads() > 0 && num_rows() < static_cast<int64_t>(kFastDivmodLimit);
+    if (r.fast) {
+      r.seq_divisor = FastDivmod(static_cast<uint32_t>(seq));
+      r.heads_divisor = FastDivmod(static_cast<uint32_t>(heads()));
+    }
+    return r;
+  }
+
   // Token `token`'s (b, s).
   TK_DEVICE void token_at(int64_t token, int64_t& b, int64_t& s) const {
+    if (fast) {
+      const uint32_t t = static_cast<uint32_t>(token), quotient = seq_divisor.div(t);
+      b = quotient;
+      s = t - quotient * seq_divisor.divisor;
+      return;
+    }
     b = token / seq;
     s = token % seq;
   }
@@ -71,6 +94,12 @@ struct QkRows {
 
   // Row `row`'s token (b, s), its input x and its output.
   TK_DEVICE void locate(int64_t row, int64_t& b, int64_t& s, const T*& x, T*& out) const {
+    if (fast) {
+      const uint32_t r = static_cast<uint32_t>(row), token = heads_divisor.div(r);
+      token_at(token, b, s);
+      head_at(b, s, static_cast<int>(r - token * heads_divisor.divisor), x, out);
+      return;
+    }
     token_at(row / heads(), b, s);
     head_at(b, s, static_cast<int>(row % heads()), x, out);
   }
