@@ -5,7 +5,9 @@
 //   kActMul:    out = round(round(act(a)) * b)     (a = gate, b = up; the eager code rounds twice)
 //   kGatedAdd:  out = round(a + round(c * b))      (a = x, b = y, c = gate broadcast)
 //
-// Each formula follows ATen's CUDA code op for op, in fp32, so results match F.silu / F.gelu.
+// Each formula follows ATen's CUDA code op for op, so results match F.silu / F.gelu bit for bit:
+// activations in fp32, products and sums of two T values in packed T arithmetic (vec.cuh's
+// mul_rn / add_rn, which round as the fp32 op followed by the cast to T does).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -60,33 +62,42 @@ namespace elementwise_detail {
 
 constexpr int kThreadsPerBlock = 256;
 // Vectors each thread loads per step (all in flight together); also what sizes a row's threads.
-// Tuning knob for the A/B: TK_CUDA_FLAGS=-DTK_ACT_VECS_PER_THREAD=2 python tools/build_kernel.py
-#ifndef TK_ACT_VECS_PER_THREAD
-#define TK_ACT_VECS_PER_THREAD 4
-#endif
-constexpr int kVecsPerThread = TK_ACT_VECS_PER_THREAD;
-// Whether a row longer than a block's step (kThreadsPerBlock * kVecsPerThread vectors) is split
-// over several blocks (grid.y), each taking one step of it (1), or one block loops over it (0).
-// Tuning knob for the A/B: -DTK_ACT_ROW_CHUNKS=1
-#ifndef TK_ACT_ROW_CHUNKS
-#define TK_ACT_ROW_CHUNKS 0
-#endif
-constexpr bool kRowChunks = TK_ACT_ROW_CHUNKS != 0;
-constexpr unsigned kMaxGridY = 65535;
+// Kernel lab (H200, bf16): 2 per thread, or rows split over several blocks with 1-4 per thread
+// (Triton's shape), measured the same or slower (gelu-tanh 88 -> 76 % with 1).
+constexpr int kVecsPerThread = 4;
 
-template <typename T, Elementwise kOp, Activation kAct>
-TK_DEVICE float apply(float a, float b, float c) {
-  if constexpr (kOp == Elementwise::kAct) {
-    return activate<kAct>(a);
-  } else if constexpr (kOp == Elementwise::kActMul) {
-    return __fmul_rn(round_through<T>(activate<kAct>(a)), b);
+// One vector of results, rounded as the eager code rounds (module comment): the products and the
+// sum of two T values in packed T arithmetic (mul_rn, add_rn: the same bits), the activation in fp32.
+template <typename T, Elementwise kOp, Activation kAct, int N>
+TK_DEVICE vec_t<T, N> apply(const vec_t<T, N>& a, const vec_t<T, N>& b, const vec_t<T, N>& c) {
+  if constexpr (kOp == Elementwise::kGatedAdd) {
+    return add_rn(a, mul_rn(c, b));
   } else {
-    return __fadd_rn(a, round_through<T>(__fmul_rn(c, b)));
+    float y[N];
+#pragma unroll
+    for (int i = 0; i < N; ++i) y[i] = activate<kAct>(to_float(a[i]));
+    vec_t<T, N> act;
+    act.cast_from(y);
+    if constexpr (kOp == Elementwise::kAct) return act;
+    else return mul_rn(act, b);
   }
 }
 
+// Register cap of the gated units (kActMul): ptxas picks 66, which fits 3 blocks of 256 threads per
+// SM; at 64, 4 fit. Kernel lab, H200: silu_and_mul 4096x(2x14336) bf16 86 -> 92 % of copy. The
+// gated add (80 registers) spills under 64 (88 -> 64 %); the activations alone use 48.
+#ifndef TK_ACT_MUL_REGISTER_CAP  // tuning knob for the kernel lab
+#define TK_ACT_MUL_REGISTER_CAP 64
+#endif
+constexpr int kActMulRegisterCap = TK_ACT_MUL_REGISTER_CAP;
+// The gated add keeps ptxas's choice (0); a cap for the kernel lab's A/B: -DTK_GATED_ADD_REGISTER_CAP=64
+#ifndef TK_GATED_ADD_REGISTER_CAP
+#define TK_GATED_ADD_REGISTER_CAP 0
+#endif
+constexpr int kGatedAddRegisterCap = TK_GATED_ADD_REGISTER_CAP;
+
 template <typename T, Elementwise kOp, Activation kAct, int kVec>
-__global__ void elementwise_kernel(const ElementwiseParams<T> p) {
+TK_DEVICE void elementwise_body(const ElementwiseParams<T>& p) {
   using vec = vec_t<T, kVec>;
   const int threads = 1 << p.log2_threads_per_row;
   const int lane = threadIdx.x & (threads - 1);
@@ -105,10 +116,7 @@ __global__ void elementwise_kernel(const ElementwiseParams<T> p) {
 
   // kVecsPerThread vectors per thread per step, all loads issued before any math or store, so
   // that each thread keeps that many 16-byte loads of every operand in flight.
-  // Block y of gridDim.y takes every gridDim.y-th step of the row (the only one when the grid
-  // splits rows into one step per block).
-  for (int base = lane + static_cast<int>(blockIdx.y) * threads * kVecsPerThread; base < num_vecs;
-       base += static_cast<int>(gridDim.y) * threads * kVecsPerThread) {
+  for (int base = lane; base < num_vecs; base += threads * kVecsPerThread) {
     vec av[kVecsPerThread], bv[kVecsPerThread], cv[kVecsPerThread];
 #pragma unroll
     for (int u = 0; u < kVecsPerThread; ++u) {
@@ -122,24 +130,31 @@ __global__ void elementwise_kernel(const ElementwiseParams<T> p) {
 #pragma unroll
     for (int u = 0; u < kVecsPerThread; ++u) {
       const int v = base + u * threads;
-      if (v < num_vecs) {
-        vec ov;
-#pragma unroll
-        for (int i = 0; i < kVec; ++i) {
-          const float bf = kOp != Elementwise::kAct ? to_float(bv[u][i]) : 0.f;
-          const float cf = kOp == Elementwise::kGatedAdd ? to_float(cv[u][i]) : 0.f;
-          ov[i] = from_float<T>(apply<T, kOp, kAct>(to_float(av[u][i]), bf, cf));
-        }
-        ov.store(out + v * kVec);
-      }
+      if (v < num_vecs) apply<T, kOp, kAct>(av[u], bv[u], cv[u]).store(out + v * kVec);
     }
   }
-  if (blockIdx.y != 0) return;  // the tail (< kVec elements) is block 0's
   for (int col = num_vecs * kVec + lane; col < cols; col += threads) {
-    const float bf = kOp != Elementwise::kAct ? to_float(b[col]) : 0.f;
-    const float cf = kOp == Elementwise::kGatedAdd ? to_float(c[col]) : 0.f;
-    out[col] = from_float<T>(apply<T, kOp, kAct>(to_float(a[col]), bf, cf));
+    vec_t<T, 1> a1, b1, c1;
+    a1[0] = a[col];
+    if constexpr (kOp != Elementwise::kAct) b1[0] = b[col];
+    if constexpr (kOp == Elementwise::kGatedAdd) c1[0] = c[col];
+    out[col] = apply<T, kOp, kAct>(a1, b1, c1)[0];
   }
+}
+
+template <typename T, Elementwise kOp, Activation kAct, int kVec>
+__global__ void elementwise_kernel(const ElementwiseParams<T> p) {
+  elementwise_body<T, kOp, kAct, kVec>(p);
+}
+
+template <Elementwise kOp>
+constexpr int elementwise_register_cap() {
+  return kOp == Elementwise::kActMul ? kActMulRegisterCap : (kOp == Elementwise::kGatedAdd ? kGatedAddRegisterCap : 0);
+}
+
+template <typename T, Elementwise kOp, Activation kAct, int kVec>
+__global__ void __maxnreg__(elementwise_register_cap<kOp>()) elementwise_kernel_capped(const ElementwiseParams<T> p) {
+  elementwise_body<T, kOp, kAct, kVec>(p);
 }
 
 template <typename T, Elementwise kOp, Activation kAct, int kVec>
@@ -152,10 +167,12 @@ cudaError_t launch(ElementwiseParams<T> p, cudaStream_t stream) {
   while ((int64_t{1} << log2) < wanted && (1 << log2) < kThreadsPerBlock) ++log2;
   p.log2_threads_per_row = log2;
   const int64_t rows_per_block = kThreadsPerBlock >> log2;
-  const int64_t steps = kRowChunks ? (num_vecs + kThreadsPerBlock * kVecsPerThread - 1) / (kThreadsPerBlock * kVecsPerThread) : 1;
-  const dim3 grid(static_cast<unsigned>((p.num_rows + rows_per_block - 1) / rows_per_block),
-                  static_cast<unsigned>(std::min<int64_t>(steps, kMaxGridY)));
-  elementwise_kernel<T, kOp, kAct, kVec><<<grid, kThreadsPerBlock, 0, stream>>>(p);
+  const dim3 grid(static_cast<unsigned>((p.num_rows + rows_per_block - 1) / rows_per_block));
+  if constexpr (elementwise_register_cap<kOp>() > 0) {
+    elementwise_kernel_capped<T, kOp, kAct, kVec><<<grid, kThreadsPerBlock, 0, stream>>>(p);
+  } else {
+    elementwise_kernel<T, kOp, kAct, kVec><<<grid, kThreadsPerBlock, 0, stream>>>(p);
+  }
   return cudaGetLastError();
 }
 

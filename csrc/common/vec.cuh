@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common/math.cuh"
 
@@ -64,6 +65,68 @@ struct vec_t {
 
   TK_DEVICE void cast_from(const float (&in)[N]) { from_floats(in, data); }
 };
+
+// a * b and a + b element by element, each result rounded once to T: two lanes per instruction
+// for 16-bit T (mul.rn / add.rn on bf16x2 and f16x2, fma-based before sm_90), fp32 ops for float.
+// They equal eager PyTorch's `(a.float() op b.float()).to(T)`: an fp32 result rounded again to T is
+// the correctly rounded T result whenever fp32's 24 bits are at least 2p + 1 for T's p bits
+// (Figueroa, "When is double rounding innocuous?", 1995): bf16 p = 8, fp16 p = 11. Kernels that
+// follow the eager code op by op use them in place of convert, fp32 op, round, convert back.
+namespace detail {
+template <typename T> struct pair_type;
+template <> struct pair_type<__nv_bfloat16> { using type = __nv_bfloat162; };
+template <> struct pair_type<__half> { using type = __half2; };
+
+template <typename T>
+TK_DEVICE T mul_rn(T a, T b) {
+  if constexpr (std::is_same_v<T, float>) return __fmul_rn(a, b); else return __hmul_rn(a, b);
+}
+template <typename T>
+TK_DEVICE T add_rn(T a, T b) {
+  if constexpr (std::is_same_v<T, float>) return __fadd_rn(a, b); else return __hadd_rn(a, b);
+}
+
+template <bool kMul, typename T, int N>
+TK_DEVICE vec_t<T, N> elementwise_rn(const vec_t<T, N>& a, const vec_t<T, N>& b) {
+  vec_t<T, N> out;
+  if constexpr (!std::is_same_v<T, float> && N % 2 == 0) {
+    using T2 = typename pair_type<T>::type;
+    const T2* a2 = reinterpret_cast<const T2*>(a.data);
+    const T2* b2 = reinterpret_cast<const T2*>(b.data);
+    T2* o2 = reinterpret_cast<T2*>(out.data);
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) o2[i] = kMul ? __hmul2_rn(a2[i], b2[i]) : __hadd2_rn(a2[i], b2[i]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) out[i] = kMul ? mul_rn(a[i], b[i]) : add_rn(a[i], b[i]);
+  }
+  return out;
+}
+}  // namespace detail
+
+template <typename T, int N>
+TK_DEVICE vec_t<T, N> mul_rn(const vec_t<T, N>& a, const vec_t<T, N>& b) { return detail::elementwise_rn<true>(a, b); }
+
+template <typename T, int N>
+TK_DEVICE vec_t<T, N> add_rn(const vec_t<T, N>& a, const vec_t<T, N>& b) { return detail::elementwise_rn<false>(a, b); }
+
+// -v element by element (a sign flip: exact, as eager's negation).
+template <typename T, int N>
+TK_DEVICE vec_t<T, N> negated(const vec_t<T, N>& v) {
+  vec_t<T, N> out;
+#pragma unroll
+  for (int i = 0; i < N; ++i) out[i] = -v[i];
+  return out;
+}
+
+// A vector of N copies of v.
+template <typename T, int N>
+TK_DEVICE vec_t<T, N> filled(T v) {
+  vec_t<T, N> out;
+#pragma unroll
+  for (int i = 0; i < N; ++i) out[i] = v;
+  return out;
+}
 
 // True when `ptr` may be used with vec_t<T, N>::load/store.
 template <typename T, int N>

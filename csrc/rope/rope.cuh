@@ -18,6 +18,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common/divmod.cuh"
 #include "common/math.cuh"
@@ -188,12 +189,6 @@ struct RopeParams {
 namespace rope_detail {
 
 constexpr int kThreadsPerBlock = 256;
-// Steps (kPairs pairs of each row) a thread takes at once, all their loads issued before any math:
-// the bytes each thread keeps in flight. Tuning knob for the A/B: -DTK_ROPE_STEPS=2
-#ifndef TK_ROPE_STEPS
-#define TK_ROPE_STEPS 1
-#endif
-constexpr int kStepsPerThread = TK_ROPE_STEPS;
 
 // Rotates kPairs pairs (x1[i], x2[i]) into y1, y2: y1 = x1*c1 - x2*s1, y2 = x2*c2 + x1*s2, in fp32
 // with one rounding (kFp32Math), or as transformers' model-dtype code rounds each product and the
@@ -266,7 +261,7 @@ TK_DEVICE void store_pairs(T* row, int j0, int num_pairs, const T (&y1)[kPairs],
 // One thread handles kPairs pairs per step of each of its group's kRows rows: one (token, head)
 // of q or k, or (coordinate form) q's and k's row of a token, which share the cos/sin computed.
 template <typename T, typename table_t, RopeStyle kStyle, bool kFp32Math, int kPairs, CosSinSource kSource>
-__global__ void rope_kernel(const RopeParams<T, table_t> p) {
+TK_DEVICE void rope_body(const RopeParams<T, table_t>& p) {
   constexpr bool kCache = kSource == CosSinSource::kCache;
   constexpr bool kCoords = kSource == CosSinSource::kLtxCoords;
   static_assert(!kCoords || (kStyle == RopeStyle::kInterleaved && kFp32Math), "LTX rotates interleaved pairs in fp32");
@@ -311,38 +306,25 @@ __global__ void rope_kernel(const RopeParams<T, table_t> p) {
       c2[i] = c1[i], s2[i] = s1[i];
     }
   };
-  constexpr int kSteps = kStepsPerThread;
-  for (int first = lane * kPairs; first < num_pairs; first += threads * kPairs * kSteps) {
-    float c1[kPairs], c2[kPairs], s1[kPairs], s2[kPairs];
-    if constexpr (kCache && kSteps == 1) {  // the cache row before x (40 registers, not 48)
-      if constexpr (kPairs == 1) {
-        c1[0] = to_float(cos[first]), s1[0] = to_float(sin[first]);
-      } else {
-        vec_t<table_t, kPairs> cv, sv;
-        cv.load(cos + first);
-        sv.load(sin + first);
-        cv.cast_to(c1);
-        sv.cast_to(s1);
+  // transformers' form with tables in the model dtype, NeoX pairs: every product and the sum in
+  // packed T arithmetic from the raw vectors (vec.cuh: the same bits as each fp32 op cast to T).
+  constexpr bool kPackedNeox = !kFp32Math && kSource == CosSinSource::kTables && kStyle == RopeStyle::kNeox &&
+                               kPairs > 1 && std::is_same_v<table_t, T>;
+  for (int j0 = lane * kPairs; j0 < num_pairs; j0 += threads * kPairs) {
+    if constexpr (kPackedNeox) {
+      using pairs = vec_t<T, kPairs>;
+      pairs x1[kRows], x2[kRows], c1, c2, s1, s2;
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) x1[r].load(x[r] + j0), x2[r].load(x[r] + (j0 + num_pairs));
+      c1.load(cos + j0), c2.load(cos + (j0 + num_pairs)), s1.load(sin + j0), s2.load(sin + (j0 + num_pairs));
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        add_rn(mul_rn(x1[r], c1), mul_rn(negated(x2[r]), s1)).store(out[r] + j0);
+        add_rn(mul_rn(x2[r], c2), mul_rn(x1[r], s2)).store(out[r] + (j0 + num_pairs));
       }
-      share_pairs(c1, c2, s1, s2);
-    }
-    float x1[kSteps][kRows][kPairs], x2[kSteps][kRows][kPairs];
-#pragma unroll
-    for (int st = 0; st < kSteps; ++st) {
-      const int j0 = first + st * threads * kPairs;
-      if (kSteps == 1 || j0 < num_pairs) {
-#pragma unroll
-        for (int r = 0; r < kRows; ++r) load_pairs<kStyle, kPairs>(x[r], j0, num_pairs, x1[st][r], x2[st][r]);
-      }
-    }
-#pragma unroll
-    for (int st = 0; st < kSteps; ++st) {
-      const int j0 = first + st * threads * kPairs;
-      if (kSteps > 1 && j0 >= num_pairs) break;
-      if constexpr (kCoords) {  // after x's loads: the math hides their latency
-        p.coords.cos_sin(g, j0, c1, s1);
-        share_pairs(c1, c2, s1, s2);
-      } else if constexpr (kCache && kSteps > 1) {
+    } else {
+      float c1[kPairs], c2[kPairs], s1[kPairs], s2[kPairs];
+      if constexpr (kCache) {  // the cache row before x (40 registers, not 48)
         if constexpr (kPairs == 1) {
           c1[0] = to_float(cos[j0]), s1[0] = to_float(sin[j0]);
         } else {
@@ -353,6 +335,13 @@ __global__ void rope_kernel(const RopeParams<T, table_t> p) {
           sv.cast_to(s1);
         }
         share_pairs(c1, c2, s1, s2);
+      }
+      float x1[kRows][kPairs], x2[kRows][kPairs];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) load_pairs<kStyle, kPairs>(x[r], j0, num_pairs, x1[r], x2[r]);
+      if constexpr (kCoords) {  // after x's loads: the math hides their latency
+        p.coords.cos_sin(g, j0, c1, s1);
+        share_pairs(c1, c2, s1, s2);
       } else if constexpr (!kCache) {
         load_pairs<kStyle, kPairs>(cos, j0, num_pairs, c1, c2);
         load_pairs<kStyle, kPairs>(sin, j0, num_pairs, s1, s2);
@@ -360,7 +349,7 @@ __global__ void rope_kernel(const RopeParams<T, table_t> p) {
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
         T y1[kPairs], y2[kPairs];
-        rotate_pairs<T, kFp32Math>(x1[st][r], x2[st][r], c1, c2, s1, s2, y1, y2);
+        rotate_pairs<T, kFp32Math>(x1[r], x2[r], c1, c2, s1, s2, y1, y2);
         store_pairs<kStyle, kPairs>(out[r], j0, num_pairs, y1, y2);
       }
     }
@@ -369,6 +358,32 @@ __global__ void rope_kernel(const RopeParams<T, table_t> p) {
 #pragma unroll
     for (int r = 0; r < kRows; ++r)
       for (int c = p.rotary_dim + lane; c < p.head_dim; c += threads) out[r][c] = x[r][c];
+  }
+}
+
+template <typename T, typename table_t, RopeStyle kStyle, bool kFp32Math, int kPairs, CosSinSource kSource>
+__global__ void rope_kernel(const RopeParams<T, table_t> p) {
+  rope_body<T, table_t, kStyle, kFp32Math, kPairs, kSource>(p);
+}
+
+// Register cap of the coordinate form: ptxas picks 56 (4 blocks of 256 threads per SM), at 48 five
+// fit. Kernel lab, H200: ltx_rope_from_coords 2x8064x2048 bf16 69 -> 74 % of copy.
+#ifndef TK_LTX_COORDS_REGISTER_CAP  // tuning knob for the kernel lab
+#define TK_LTX_COORDS_REGISTER_CAP 48
+#endif
+constexpr int kLtxCoordsRegisterCap = TK_LTX_COORDS_REGISTER_CAP;
+
+template <typename T, typename table_t, RopeStyle kStyle, bool kFp32Math, int kPairs, CosSinSource kSource>
+__global__ void __maxnreg__(kLtxCoordsRegisterCap) rope_kernel_capped(const RopeParams<T, table_t> p) {
+  rope_body<T, table_t, kStyle, kFp32Math, kPairs, kSource>(p);
+}
+
+template <typename T, typename table_t, RopeStyle kStyle, bool kFp32Math, int kPairs, CosSinSource kSource>
+constexpr auto rope_kernel_for() {
+  if constexpr (kSource == CosSinSource::kLtxCoords) {
+    return &rope_kernel_capped<T, table_t, kStyle, kFp32Math, kPairs, kSource>;
+  } else {
+    return &rope_kernel<T, table_t, kStyle, kFp32Math, kPairs, kSource>;
   }
 }
 
@@ -393,19 +408,18 @@ cudaError_t rope(RopeParams<T, table_t> p, cudaStream_t stream) {
                                            (kSource != CosSinSource::kCache || num_pairs % kVecElems == 0));
   const bool vectorizable = num_pairs % kVecPairs == 0 && p.qk.template aligned<kVecElems>() && tables_aligned;
   const int pairs_per_step = vectorizable ? kVecPairs : 1;
-  // Threads per row: a power of two covering the row's steps (at least one, kStepsPerThread per
-  // thread), at most a block.
+  // Threads per row: a power of two covering the row's steps (at least one), at most a block.
   const int steps = (num_pairs + pairs_per_step - 1) / pairs_per_step;
   int log2 = 0;
-  while ((1 << log2) * rope_detail::kStepsPerThread < steps && (1 << log2) < rope_detail::kThreadsPerBlock) ++log2;
+  while ((1 << log2) < steps && (1 << log2) < rope_detail::kThreadsPerBlock) ++log2;
   p.log2_threads_per_row = log2;
   const int64_t groups_per_block = rope_detail::kThreadsPerBlock >> log2;
   const dim3 grid(static_cast<unsigned>((groups + groups_per_block - 1) / groups_per_block));
   if (vectorizable) {
-    rope_detail::rope_kernel<T, table_t, kStyle, kFp32Math, kVecPairs, kSource>
+    rope_detail::rope_kernel_for<T, table_t, kStyle, kFp32Math, kVecPairs, kSource>()
         <<<grid, rope_detail::kThreadsPerBlock, 0, stream>>>(p);
   } else {
-    rope_detail::rope_kernel<T, table_t, kStyle, kFp32Math, 1, kSource>
+    rope_detail::rope_kernel_for<T, table_t, kStyle, kFp32Math, 1, kSource>()
         <<<grid, rope_detail::kThreadsPerBlock, 0, stream>>>(p);
   }
   return cudaGetLastError();
