@@ -270,6 +270,18 @@ std::vector<Case> make_cases() {
     cases.push_back({"hf_rope 4x4096 q32 k8 d128", bytes, [rp] {
                        CHECK((rope<RopeStyle::kNeox, false, CosSinSource::kTables>(rp, 0)));
                      }});
+    // Qwen3's per-head q/k RMSNorm + the same RoPE, on the first sample: [1, 4096, 32 + 8, 128].
+    QkNormRopeParams<bf16, bf16, bf16> np{};
+    np.qk = qk, np.qk.batch = 1;
+#ifndef LAB_SLOW_DIVISION
+    np.qk = np.qk.with_fast_divisors();
+#endif
+    np.q_weight = random_bf16(d, 28), np.k_weight = random_bf16(d, 29);
+    np.cos = rp.cos, np.sin = rp.sin, np.table_b = 0, np.table_s = d;
+    np.width = static_cast<int>(d), np.eps = 1e-6f;
+    cases.push_back({"qwen3_qk_norm_rope 1x4096 q32 k8 d128", bytes / batch, [np] {
+                       CHECK((qk_norm_rope<QkNormRopeForm::kTransformers, CosSinSource::kTables>(np, 0)));
+                     }});
   }
   return cases;
 }

@@ -112,6 +112,9 @@ __global__ void qk_norm_rope_kernel(const QkNormRopeParams<T, weight_t, table_t>
   constexpr int kCachedUnits = kRowCachedVecs / kUnitVecs;  // per row
   static_assert(kCachedUnits >= 1, "a thread holds at least one unit");
   constexpr bool kFp32Rotation = !half_rotation(kForm);  // diffusers: one rounding; transformers: per op
+  // transformers' form with weight and tables in q's dtype: all of its roundings in packed T ops
+  constexpr bool kPackedHalfRotation = half_rotation(kForm) && kSource == CosSinSource::kTables &&
+                                       std::is_same_v<weight_t, T> && std::is_same_v<table_t, T>;
   using vec = vec_t<T, kVec>;
   const int64_t num_groups = p.qk.num_rows() / kRows;
   const RowGroup<kThreadsPerRow> group(num_groups);
@@ -177,56 +180,81 @@ __global__ void qk_norm_rope_kernel(const QkNormRopeParams<T, weight_t, table_t>
   for (int c = 0; c < kCachedUnits; ++c) {
     const int u = lane + c * threads;
     if (u >= num_units) continue;
-    float cs[kUnitVecs][kVec], sn[kUnitVecs][kVec];  // [vector of the unit][element]
-    if constexpr (kCoords) {  // interleaved pairs: one angle per pair, unit = one vector
-      float pc[kVec / 2], ps[kVec / 2];
-      p.coords.cos_sin(g, at(u, 0) / 2, pc, ps);
+    if constexpr (kPackedHalfRotation) {
+      // transformers' rounding from the raw vectors in packed T arithmetic (vec.cuh: the same bits):
+      // n = round(w * round(x * inv_rms)); out = round(round(n * cos) + round(rotate_half(n) * sin))
+      vec cv[2], sv[2];
 #pragma unroll
-      for (int i = 0; i < kVec / 2; ++i) {
-        cs[0][2 * i] = cs[0][2 * i + 1] = pc[i];
-        sn[0][2 * i] = sn[0][2 * i + 1] = ps[i];
+      for (int j = 0; j < 2; ++j) cv[j].load(cos + at(u, j)), sv[j].load(sin + at(u, j));
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        vec nv[2];
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          float n[kVec];
+          cached[r][c][j].cast_to(n);
+#pragma unroll
+          for (int i = 0; i < kVec; ++i) n[i] = __fmul_rn(n[i], inv_rms[r]);
+          vec rounded, wv;
+          rounded.cast_from(n);
+          wv.load(weight[r] + at(u, j));
+          nv[j] = mul_rn(wv, rounded);
+        }
+        add_rn(mul_rn(nv[0], cv[0]), mul_rn(negated(nv[1]), sv[0])).store(out[r] + at(u, 0));
+        add_rn(mul_rn(nv[1], cv[1]), mul_rn(nv[0], sv[1])).store(out[r] + at(u, 1));
       }
     } else {
+      float cs[kUnitVecs][kVec], sn[kUnitVecs][kVec];  // [vector of the unit][element]
+      if constexpr (kCoords) {  // interleaved pairs: one angle per pair, unit = one vector
+        float pc[kVec / 2], ps[kVec / 2];
+        p.coords.cos_sin(g, at(u, 0) / 2, pc, ps);
 #pragma unroll
-      for (int j = 0; j < kUnitVecs; ++j) {
-        vec_t<table_t, kVec> cv, sv;
-        cv.load(cos + at(u, j));
-        sv.load(sin + at(u, j));
-        cv.cast_to(cs[j]);
-        sv.cast_to(sn[j]);
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      float n[kUnitVecs][kVec];  // [vector of the unit][element]
-#pragma unroll
-      for (int j = 0; j < kUnitVecs; ++j) {
-        float w[kVec];
-        vec_t<weight_t, kVec> wv;
-        wv.load(weight[r] + at(u, j));
-        wv.cast_to(w);
-        cached[r][c][j].cast_to(n[j]);
-        normalize<kForm, T>(n[j], inv_rms[r], w);
-      }
-      vec o[kUnitVecs];
-      if constexpr (half_rotation(kForm)) {  // element i of the first half pairs with element i of the second
-        rope_detail::rotate_pairs<T, kFp32Rotation>(n[0], n[1], cs[0], cs[1], sn[0], sn[1], o[0].data, o[1].data);
-      } else {  // pairs (i, i + 1) within the vector
-        constexpr int kPairs = kVec / 2;
-        float x1[kPairs], x2[kPairs], c1[kPairs], c2[kPairs], s1[kPairs], s2[kPairs];
-#pragma unroll
-        for (int i = 0; i < kPairs; ++i) {
-          x1[i] = n[0][2 * i], x2[i] = n[0][2 * i + 1];
-          c1[i] = cs[0][2 * i], c2[i] = cs[0][2 * i + 1];
-          s1[i] = sn[0][2 * i], s2[i] = sn[0][2 * i + 1];
+        for (int i = 0; i < kVec / 2; ++i) {
+          cs[0][2 * i] = cs[0][2 * i + 1] = pc[i];
+          sn[0][2 * i] = sn[0][2 * i + 1] = ps[i];
         }
-        T y1[kPairs], y2[kPairs];
-        rope_detail::rotate_pairs<T, kFp32Rotation>(x1, x2, c1, c2, s1, s2, y1, y2);
+      } else {
 #pragma unroll
-        for (int i = 0; i < kPairs; ++i) o[0][2 * i] = y1[i], o[0][2 * i + 1] = y2[i];
+        for (int j = 0; j < kUnitVecs; ++j) {
+          vec_t<table_t, kVec> cv, sv;
+          cv.load(cos + at(u, j));
+          sv.load(sin + at(u, j));
+          cv.cast_to(cs[j]);
+          sv.cast_to(sn[j]);
+        }
       }
 #pragma unroll
-      for (int j = 0; j < kUnitVecs; ++j) o[j].store(out[r] + at(u, j));
+      for (int r = 0; r < kRows; ++r) {
+        float n[kUnitVecs][kVec];  // [vector of the unit][element]
+#pragma unroll
+        for (int j = 0; j < kUnitVecs; ++j) {
+          float w[kVec];
+          vec_t<weight_t, kVec> wv;
+          wv.load(weight[r] + at(u, j));
+          wv.cast_to(w);
+          cached[r][c][j].cast_to(n[j]);
+          normalize<kForm, T>(n[j], inv_rms[r], w);
+        }
+        vec o[kUnitVecs];
+        if constexpr (half_rotation(kForm)) {  // element i of the first half pairs with element i of the second
+          rope_detail::rotate_pairs<T, kFp32Rotation>(n[0], n[1], cs[0], cs[1], sn[0], sn[1], o[0].data, o[1].data);
+        } else {  // pairs (i, i + 1) within the vector
+          constexpr int kPairs = kVec / 2;
+          float x1[kPairs], x2[kPairs], c1[kPairs], c2[kPairs], s1[kPairs], s2[kPairs];
+#pragma unroll
+          for (int i = 0; i < kPairs; ++i) {
+            x1[i] = n[0][2 * i], x2[i] = n[0][2 * i + 1];
+            c1[i] = cs[0][2 * i], c2[i] = cs[0][2 * i + 1];
+            s1[i] = sn[0][2 * i], s2[i] = sn[0][2 * i + 1];
+          }
+          T y1[kPairs], y2[kPairs];
+          rope_detail::rotate_pairs<T, kFp32Rotation>(x1, x2, c1, c2, s1, s2, y1, y2);
+#pragma unroll
+          for (int i = 0; i < kPairs; ++i) o[0][2 * i] = y1[i], o[0][2 * i + 1] = y2[i];
+        }
+#pragma unroll
+        for (int j = 0; j < kUnitVecs; ++j) o[j].store(out[r] + at(u, j));
+      }
     }
   }
 }
