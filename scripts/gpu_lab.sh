@@ -2,7 +2,7 @@
 # Kernel lab on the GPU machine: builds benchmarks/lab/kernel_lab.cu once per variant (in
 # parallel, sm of the GPU present), runs each in turn and prints one table per variant.
 #   scripts/gpu_lab.sh OUT_FILE "name=FLAGS" ["name=FLAGS" ...] [-- case-substring ...]
-#   e.g. scripts/gpu_lab.sh $OUT/lab.txt "default=" "prefetch=-DTK_NORM_PREFETCH_PARAMS=1" -- norm_modulate
+#   e.g. scripts/gpu_lab.sh $OUT/lab.txt "default=" "fused2=-DTK_FUSED_CACHED_VECS=2" -- norm_modulate
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT_FILE="$1"; shift

@@ -10,7 +10,7 @@
 #   NCU_S=90 adds Nsight Compute counters of our kernels (scripts/gpu_ncu.sh -> ncu.csv)
 #   PYTEST_ARGS="tests/test_rope.py" runs part of the suite (a short confirming run)
 #   AB_FLAGS="-DTK_FUSED_CACHED_VECS=2" AB_OPS="modulate fused_add_rms_norm" ...   adds an A/B stage
-#   LAB_VARIANTS="default=;prefetch=-DTK_NORM_PREFETCH_PARAMS=1" LAB_CASES="norm" ...   kernel-lab variants
+#   LAB_VARIANTS="default=;fused2=-DTK_FUSED_CACHED_VECS=2" LAB_CASES="norm" ...   kernel-lab variants
 #     (benchmarks/lab/kernel_lab.cu built per variant: no extension rebuild), after the build
 set -uo pipefail
 cd "$(dirname "$0")/.."

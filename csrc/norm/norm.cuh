@@ -57,28 +57,22 @@ namespace norm_detail {
 
 // Vectors each thread keeps in registers across the passes, so inputs are read from memory once.
 // Rows wider than threads * cached vectors re-read the rest (from L2: the row was just read).
-// 4 vectors (64 bytes) per thread: measured against 8 on the H200 (NOTES.md), 8 holds more bytes
+// 4 vectors (64 bytes) per thread, measured on the H200 (NOTES.md): against 8, 8 holds more bytes
 // per register but leaves too few warps per SM (16384x4096 bf16: 88 % vs 86 % of copy for
-// rms_norm, 90 % vs 75 % for fused_add_rms_norm).
+// rms_norm, 90 % vs 75 % for fused_add_rms_norm); against 2 and 1 in the kernel lab (83 % and
+// 61 % for rms_norm 16384x4096, no gain at 2048 rows).
 constexpr int kCachedVecs = 4;
-#ifndef TK_BLOCK_CACHED_VECS  // tuning knob: TK_CUDA_FLAGS=-DTK_BLOCK_CACHED_VECS=4 python tools/build_kernel.py
+#ifndef TK_BLOCK_CACHED_VECS  // tuning knob: TK_CUDA_FLAGS=-DTK_BLOCK_CACHED_VECS=2 python tools/build_kernel.py
 #define TK_BLOCK_CACHED_VECS 4
 #endif
 constexpr int kBlockCachedVecs = TK_BLOCK_CACHED_VECS;
-// The fused variants (pre-add or modulation) hold 3 loads per cached vector in pass 1 and the
-// modulation vectors in the last pass: 80 registers against plain RMSNorm's 56, so 6 blocks of
-// 128 threads fit per SM instead of 9, which the occupancy model says costs ~30 % (measured 62 %
-// of copy vs 88 %). Knob for the A/B of 2 vectors (48-56 registers expected):
-#ifndef TK_FUSED_CACHED_VECS  // TK_CUDA_FLAGS=-DTK_FUSED_CACHED_VECS=2 python tools/build_kernel.py
+// The fused variants (pre-add or modulation) keep 4 too. Kernel lab (bf16, before packed
+// rounding): 2 vectors gave the gated modulated norm +2-4 points but norm_modulate -5 to -10 and
+// fused_add_rms_norm -3; 8 lost everywhere (fused_add 91 -> 76 %). Loading all cached vectors'
+// weight/scale/shift before the stores (147 registers) lost 15-20 points and was removed.
+#ifndef TK_FUSED_CACHED_VECS  // tuning knob: TK_CUDA_FLAGS=-DTK_FUSED_CACHED_VECS=2
 #define TK_FUSED_CACHED_VECS 4
 #endif
-// Whether the last pass loads the weight/scale/shift vectors of all cached vectors before any
-// math and store (1), or each vector's just before its own (0, the measured default). Tuning knob
-// for the A/B: TK_CUDA_FLAGS=-DTK_NORM_PREFETCH_PARAMS=1 python tools/build_kernel.py
-#ifndef TK_NORM_PREFETCH_PARAMS
-#define TK_NORM_PREFETCH_PARAMS 0
-#endif
-constexpr bool kPrefetchParams = TK_NORM_PREFETCH_PARAMS != 0;
 template <int kThreadsPerRow, bool kFused>
 constexpr int cached_vecs() {
   return kFused ? TK_FUSED_CACHED_VECS : (kThreadsPerRow == 0 ? kBlockCachedVecs : kCachedVecs);
@@ -274,27 +268,10 @@ TK_DEVICE void norm_body(const NormParams<T, weight_t, out_t>& p) {
     normalize(y, w, b);
     finish(y, c.s, c.sh).store(out + v * kVec);
   };
-  if constexpr (kPrefetchParams) {
-    // Every cached vector's parameters in flight at once. Interleaved with the stores, each
-    // vector's loads wait for the previous store: out may alias nothing, but the compiler cannot
-    // know that, so it keeps program order (the SASS shows four serial round trips).
-    ColumnParams params[kCachedVecs];
 #pragma unroll
-    for (int k = 0; k < kCachedVecs; ++k) {
-      const int v = lane + k * threads;
-      if (v < num_vecs) params[k] = load_params(v);
-    }
-#pragma unroll
-    for (int k = 0; k < kCachedVecs; ++k) {
-      const int v = lane + k * threads;
-      if (v < num_vecs) store_vec(cached[k], params[k], v);
-    }
-  } else {
-#pragma unroll
-    for (int k = 0; k < kCachedVecs; ++k) {
-      const int v = lane + k * threads;
-      if (v < num_vecs) store_vec(cached[k], load_params(v), v);
-    }
+  for (int k = 0; k < kCachedVecs; ++k) {
+    const int v = lane + k * threads;
+    if (v < num_vecs) store_vec(cached[k], load_params(v), v);
   }
   for (int v = lane + kCachedVecs * threads; v < num_vecs; v += threads)
     store_vec(load_h(v, true), load_params(v), v);
