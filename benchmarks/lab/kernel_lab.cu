@@ -55,21 +55,18 @@ __global__ void fill_float_kernel(float* p, size_t n, float scale) {
     p[i] = scale * static_cast<float>(i % 997) / 997.f;
 }
 
-bf16* random_bf16(size_t n, uint32_t seed) {
-  bf16* p;
-  CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(bf16)));
-  fill_kernel<<<1024, 256>>>(p, n, seed);
+// A device buffer of n elements of T (at least one), filled by `fill<<<grid, 256>>>(p, n, arg)`.
+template <typename T, typename Arg>
+T* device_buffer(size_t n, void (*fill)(T*, size_t, Arg), Arg arg, unsigned grid) {
+  T* p;
+  CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)));
+  fill<<<grid, 256>>>(p, n, arg);
   CHECK(cudaGetLastError());
   return p;
 }
 
-float* ramp_float(size_t n, float scale) {
-  float* p;
-  CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(float)));
-  fill_float_kernel<<<256, 256>>>(p, n, scale);
-  CHECK(cudaGetLastError());
-  return p;
-}
+bf16* random_bf16(size_t n, uint32_t seed) { return device_buffer(n, fill_kernel, seed, 1024); }
+float* ramp_float(size_t n, float scale) { return device_buffer(n, fill_float_kernel, scale, 256); }
 
 // Median device time (µs) of `launch`, each run after overwriting an L2-sized buffer.
 double time_us(const std::function<void()>& launch) {
