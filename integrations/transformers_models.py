@@ -35,9 +35,6 @@ import torch
 from .loading import REPO_ID, load_kernel
 from .patching import InjectionReport, Rule, apply_rules, forward_from, layer_forward, named, set_forward, suffixed
 
-# transformers' hub layer names -> our layers, for kernels.use_kernel_mapping + kernelize (the Hub
-# path). revision="v1" names the branch version=1 resolves to, which also works offline with
-# LOCAL_KERNELS (kernels 0.17 resolves version= on the Hub even then).
 # Devices whose tensors go to the kernels; elsewhere (CPU) transformers' own code runs. Tests widen
 # it to run reference stand-ins for the kernels through the patched forwards on CPU.
 KERNEL_DEVICES = ("cuda",)
@@ -46,6 +43,9 @@ KERNEL_DEVICES = ("cuda",)
 # apply_rotary_pos_emb): checked against the installed transformers' source.
 QWEN3_ATTENTIONS = ("Qwen3Attention", "Qwen3MoeAttention")
 
+# transformers' hub layer names -> our layers, for kernels.use_kernel_mapping + kernelize (the Hub
+# path). revision="v1" names the branch version=1 resolves to, which also works offline with
+# LOCAL_KERNELS (kernels 0.17 resolves version= on the Hub even then).
 HUB_LAYERS = {"RMSNorm": "RMSNorm", "rotary_pos_emb": "RotaryPosEmb", "SiLU": "Silu", "GeluTanh": "GeluTanh"}
 
 

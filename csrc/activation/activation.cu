@@ -75,7 +75,6 @@ void launch(const ElementwiseCall& c) {
   }
 }
 
-
 // ---- act(x) ----
 
 ElementwiseCall activation_call(const at::Tensor& x, std::string_view act, at::Tensor& out) {

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "common/kernel.cuh"
 #include "common/math.cuh"
 #include "common/rows.cuh"
 #include "common/vec.cuh"
@@ -89,12 +90,10 @@ TK_DEVICE vec_t<T, N> apply(const vec_t<T, N>& a, const vec_t<T, N>& b, const ve
 #ifndef TK_ACT_MUL_REGISTER_CAP  // tuning knob for the kernel lab
 #define TK_ACT_MUL_REGISTER_CAP 64
 #endif
-constexpr int kActMulRegisterCap = TK_ACT_MUL_REGISTER_CAP;
-// The gated add keeps ptxas's choice (0); a cap for the kernel lab's A/B: -DTK_GATED_ADD_REGISTER_CAP=64
-#ifndef TK_GATED_ADD_REGISTER_CAP
-#define TK_GATED_ADD_REGISTER_CAP 0
-#endif
-constexpr int kGatedAddRegisterCap = TK_GATED_ADD_REGISTER_CAP;
+template <Elementwise kOp>
+constexpr int elementwise_register_cap() {
+  return kOp == Elementwise::kActMul ? TK_ACT_MUL_REGISTER_CAP : kNoRegisterCap;
+}
 
 template <typename T, Elementwise kOp, Activation kAct, int kVec>
 TK_DEVICE void elementwise_body(const ElementwiseParams<T>& p) {
@@ -143,21 +142,6 @@ TK_DEVICE void elementwise_body(const ElementwiseParams<T>& p) {
 }
 
 template <typename T, Elementwise kOp, Activation kAct, int kVec>
-__global__ void elementwise_kernel(const ElementwiseParams<T> p) {
-  elementwise_body<T, kOp, kAct, kVec>(p);
-}
-
-template <Elementwise kOp>
-constexpr int elementwise_register_cap() {
-  return kOp == Elementwise::kActMul ? kActMulRegisterCap : (kOp == Elementwise::kGatedAdd ? kGatedAddRegisterCap : 0);
-}
-
-template <typename T, Elementwise kOp, Activation kAct, int kVec>
-__global__ void __maxnreg__(elementwise_register_cap<kOp>()) elementwise_kernel_capped(const ElementwiseParams<T> p) {
-  elementwise_body<T, kOp, kAct, kVec>(p);
-}
-
-template <typename T, Elementwise kOp, Activation kAct, int kVec>
 cudaError_t launch(ElementwiseParams<T> p, cudaStream_t stream) {
   // Threads per row: a power of two covering the row at kVecsPerThread vectors each, at most a
   // block; short rows share a block (rows of one element get one thread each).
@@ -168,11 +152,8 @@ cudaError_t launch(ElementwiseParams<T> p, cudaStream_t stream) {
   p.log2_threads_per_row = log2;
   const int64_t rows_per_block = kThreadsPerBlock >> log2;
   const dim3 grid(static_cast<unsigned>((p.num_rows + rows_per_block - 1) / rows_per_block));
-  if constexpr (elementwise_register_cap<kOp>() > 0) {
-    elementwise_kernel_capped<T, kOp, kAct, kVec><<<grid, kThreadsPerBlock, 0, stream>>>(p);
-  } else {
-    elementwise_kernel<T, kOp, kAct, kVec><<<grid, kThreadsPerBlock, 0, stream>>>(p);
-  }
+  kernel_entry_for<elementwise_register_cap<kOp>(), ElementwiseParams<T>, elementwise_body<T, kOp, kAct, kVec>>()
+      <<<grid, kThreadsPerBlock, 0, stream>>>(p);
   return cudaGetLastError();
 }
 

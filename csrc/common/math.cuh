@@ -12,10 +12,6 @@ namespace transformer_kernels {
 #define TK_DEVICE __device__ __forceinline__
 #define TK_HOST_DEVICE __host__ __device__ __forceinline__
 
-// Kernels whose register use is capped (__maxnreg__) are a second __global__ entry around the same
-// device body, launched only where the cap was measured to help (benchmarks/lab): an attribute on
-// every instantiation, even a cap of 255, changes ptxas's allocation for the others too.
-
 TK_DEVICE float to_float(float v) { return v; }
 TK_DEVICE float to_float(__half v) { return __half2float(v); }
 TK_DEVICE float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }

@@ -38,7 +38,6 @@ NormType resolve_norm_type(const char* op, std::string_view norm) {
   TORCH_CHECK_VALUE(false, op, ": norm must be \"rms\" or \"layer\", got \"", norm, "\"");
 }
 
-
 // A per-feature parameter: [hidden], contiguous, x's dtype or float32 (norm weights are often
 // kept in fp32, e.g. under diffusers' layerwise casting).
 void check_param(const char* op, const OptTensor& t, const char* name, const at::Tensor& x) {

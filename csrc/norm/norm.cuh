@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "common/kernel.cuh"
 #include "common/math.cuh"
 #include "common/reduce.cuh"
 #include "common/rows.cuh"
@@ -290,12 +291,6 @@ TK_DEVICE void norm_body(const NormParams<T, weight_t, out_t>& p) {
   }
 }
 
-template <typename T, typename weight_t, typename out_t, NormType kNorm, PreAdd kPre, bool kMod, int kVec,
-          int kThreadsPerRow>
-__global__ void norm_kernel(const NormParams<T, weight_t, out_t> p) {
-  norm_body<T, weight_t, out_t, kNorm, kPre, kMod, kVec, kThreadsPerRow>(p);
-}
-
 // Register cap of the modulated RMSNorms (with or without the gated pre-add): ptxas picks 72 (88
 // gated), at 64 more rows fit per SM (and blocks of 1024 threads). Kernel lab, H200, bf16:
 // norm_modulate 2x8064x2048 59 -> 65 %, 2x7392x4096 65 -> 71 %; gated 68 -> 74 %, 71 -> 79 %.
@@ -303,22 +298,13 @@ __global__ void norm_kernel(const NormParams<T, weight_t, out_t> p) {
 #ifndef TK_MODULATED_RMS_REGISTER_CAP  // tuning knob for the kernel lab
 #define TK_MODULATED_RMS_REGISTER_CAP 64
 #endif
-constexpr int kModulatedRmsRegisterCap = TK_MODULATED_RMS_REGISTER_CAP;
 
 template <typename T, typename weight_t, typename out_t, NormType kNorm, PreAdd kPre, bool kMod, int kVec,
           int kThreadsPerRow>
-__global__ void __maxnreg__(kModulatedRmsRegisterCap) norm_kernel_capped(const NormParams<T, weight_t, out_t> p) {
-  norm_body<T, weight_t, out_t, kNorm, kPre, kMod, kVec, kThreadsPerRow>(p);
-}
-
-template <typename T, typename weight_t, typename out_t, NormType kNorm, PreAdd kPre, bool kMod, int kVec,
-          int kThreadsPerRow>
-constexpr auto norm_kernel_for() {
-  if constexpr (kNorm == NormType::kRms && kMod) {
-    return &norm_kernel_capped<T, weight_t, out_t, kNorm, kPre, kMod, kVec, kThreadsPerRow>;
-  } else {
-    return &norm_kernel<T, weight_t, out_t, kNorm, kPre, kMod, kVec, kThreadsPerRow>;
-  }
+constexpr auto norm_kernel() {
+  constexpr int kCap = kNorm == NormType::kRms && kMod ? TK_MODULATED_RMS_REGISTER_CAP : kNoRegisterCap;
+  return kernel_entry_for<kCap, NormParams<T, weight_t, out_t>,
+                          norm_body<T, weight_t, out_t, kNorm, kPre, kMod, kVec, kThreadsPerRow>>();
 }
 
 template <typename T, typename weight_t, typename out_t, NormType kNorm, PreAdd kPre, bool kMod, int kVec>
@@ -331,15 +317,15 @@ cudaError_t launch(const NormParams<T, weight_t, out_t>& p, cudaStream_t stream)
     return dim3(static_cast<unsigned>((p.num_rows + rows_per_block - 1) / rows_per_block));
   };
   if (num_vecs <= static_cast<int64_t>(kSmallGroup) * kGroupVecs) {
-    norm_kernel_for<T, weight_t, out_t, kNorm, kPre, kMod, kVec, kSmallGroup>()
+    norm_kernel<T, weight_t, out_t, kNorm, kPre, kMod, kVec, kSmallGroup>()
         <<<grid_for(kThreadsPerBlock / kSmallGroup), kThreadsPerBlock, 0, stream>>>(p);
   } else if (num_vecs <= static_cast<int64_t>(kWarpSize) * kGroupVecs) {
-    norm_kernel_for<T, weight_t, out_t, kNorm, kPre, kMod, kVec, kWarpSize>()
+    norm_kernel<T, weight_t, out_t, kNorm, kPre, kMod, kVec, kWarpSize>()
         <<<grid_for(kThreadsPerBlock / kWarpSize), kThreadsPerBlock, 0, stream>>>(p);
   } else {
     // Enough threads that each keeps at most kBlockCachedVecs vectors, rounded to whole warps, within
     // what the kernel's register use allows per block (wider rows re-read their remainder).
-    auto kernel = norm_kernel_for<T, weight_t, out_t, kNorm, kPre, kMod, kVec, 0>();
+    auto kernel = norm_kernel<T, weight_t, out_t, kNorm, kPre, kMod, kVec, 0>();
     static const int max_threads = [&] {
       cudaFuncAttributes attr{};
       return cudaFuncGetAttributes(&attr, kernel) == cudaSuccess ? attr.maxThreadsPerBlock : kThreadsPerBlock;

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "common/kernel.cuh"
 #include "common/math.cuh"
 #include "common/reduce.cuh"
 #include "common/vec.cuh"
@@ -102,7 +103,7 @@ TK_DEVICE void normalize(float (&n)[kVec], float inv_rms, const float (&w)[kVec]
 // (coordinate form) q's and k's row of a token, each with the lanes and units one row would have.
 template <QkNormRopeForm kForm, CosSinSource kSource, typename T, typename weight_t, typename table_t, int kVec,
           int kThreadsPerRow, int kRowCachedVecs = kCachedVecs>
-__global__ void qk_norm_rope_kernel(const QkNormRopeParams<T, weight_t, table_t> p) {
+TK_DEVICE void qk_norm_rope_body(const QkNormRopeParams<T, weight_t, table_t>& p) {
   static_assert(kSource == CosSinSource::kTables ||
                     (kSource == CosSinSource::kLtxCoords && kForm == QkNormRopeForm::kDiffusers),
                 "tables, or LTX's coordinates with diffusers' form");
@@ -200,8 +201,8 @@ __global__ void qk_norm_rope_kernel(const QkNormRopeParams<T, weight_t, table_t>
           wv.load(weight[r] + at(u, j));
           nv[j] = mul_rn(wv, rounded);
         }
-        add_rn(mul_rn(nv[0], cv[0]), mul_rn(negated(nv[1]), sv[0])).store(out[r] + at(u, 0));
-        add_rn(mul_rn(nv[1], cv[1]), mul_rn(nv[0], sv[1])).store(out[r] + at(u, 1));
+        rope_detail::rotated_first_rn(nv[0], nv[1], cv[0], sv[0]).store(out[r] + at(u, 0));
+        rope_detail::rotated_second_rn(nv[0], nv[1], cv[1], sv[1]).store(out[r] + at(u, 1));
       }
     } else {
       float cs[kUnitVecs][kVec], sn[kUnitVecs][kVec];  // [vector of the unit][element]
@@ -259,6 +260,13 @@ __global__ void qk_norm_rope_kernel(const QkNormRopeParams<T, weight_t, table_t>
   }
 }
 
+template <QkNormRopeForm kForm, CosSinSource kSource, typename T, typename weight_t, typename table_t, int kVec,
+          int kThreadsPerRow, int kRowCachedVecs = kCachedVecs>
+constexpr auto qk_norm_rope_kernel() {
+  return kernel_entry_for<kNoRegisterCap, QkNormRopeParams<T, weight_t, table_t>,
+                          qk_norm_rope_body<kForm, kSource, T, weight_t, table_t, kVec, kThreadsPerRow, kRowCachedVecs>>();
+}
+
 template <QkNormRopeForm kForm, CosSinSource kSource, typename T, typename weight_t, typename table_t, int kVec>
 cudaError_t launch(const QkNormRopeParams<T, weight_t, table_t>& p, cudaStream_t stream) {
   constexpr int kCachedUnits = kCachedVecs / vecs_per_unit(kForm);
@@ -272,7 +280,7 @@ cudaError_t launch(const QkNormRopeParams<T, weight_t, table_t>& p, cudaStream_t
   auto in_group_of = [&](auto threads_tag) {
     constexpr int kThreads = decltype(threads_tag)::value;
     if (num_units > kThreads * kCachedUnits) return false;
-    qk_norm_rope_kernel<kForm, kSource, T, weight_t, table_t, kVec, kThreads>
+    qk_norm_rope_kernel<kForm, kSource, T, weight_t, table_t, kVec, kThreads>()
         <<<grid_for(kGroupThreadsPerBlock / kThreads), kGroupThreadsPerBlock, 0, stream>>>(p);
     return true;
   };
@@ -286,10 +294,10 @@ cudaError_t launch(const QkNormRopeParams<T, weight_t, table_t>& p, cudaStream_t
       return (wanted + kWarpSize - 1) / kWarpSize * kWarpSize;
     };
     if (threads_for(kBlockUnits) <= kMaxThreads) {
-      qk_norm_rope_kernel<kForm, kSource, T, weight_t, table_t, kVec, 0, kBlockUnits * vecs_per_unit(kForm)>
+      qk_norm_rope_kernel<kForm, kSource, T, weight_t, table_t, kVec, 0, kBlockUnits * vecs_per_unit(kForm)>()
           <<<grid_for(1), threads_for(kBlockUnits), 0, stream>>>(p);
     } else {  // <= kMaxThreads: host-checked
-      qk_norm_rope_kernel<kForm, kSource, T, weight_t, table_t, kVec, 0>
+      qk_norm_rope_kernel<kForm, kSource, T, weight_t, table_t, kVec, 0>()
           <<<grid_for(1), threads_for(kCachedUnits), 0, stream>>>(p);
     }
   }

@@ -21,6 +21,7 @@
 #include <type_traits>
 
 #include "common/divmod.cuh"
+#include "common/kernel.cuh"
 #include "common/math.cuh"
 #include "common/vec.cuh"
 
@@ -216,6 +217,21 @@ TK_DEVICE void rotate_pairs(const float (&x1)[kPairs], const float (&x2)[kPairs]
   for (int i = 0; i < kPairs; ++i) y1[i] = rounded[2 * i], y2[i] = rounded[2 * i + 1];
 }
 
+// The same rotation in transformers' rounding on raw T vectors, each product and the sum in packed T
+// arithmetic (the same bits as rotate_pairs<T, false>, vec.cuh): the first halves' results
+// y1 = x1 c1 - x2 s1 and the second halves' y2 = x2 c2 + x1 s2 (x1, x2 the pairs' two elements; the
+// tables at the same places). Two functions, so that callers store y1 before computing y2.
+template <typename T, int N>
+TK_DEVICE vec_t<T, N> rotated_first_rn(const vec_t<T, N>& x1, const vec_t<T, N>& x2, const vec_t<T, N>& c1,
+                                       const vec_t<T, N>& s1) {
+  return add_rn(mul_rn(x1, c1), mul_rn(negated(x2), s1));
+}
+template <typename T, int N>
+TK_DEVICE vec_t<T, N> rotated_second_rn(const vec_t<T, N>& x1, const vec_t<T, N>& x2, const vec_t<T, N>& c2,
+                                        const vec_t<T, N>& s2) {
+  return add_rn(mul_rn(x2, c2), mul_rn(x1, s2));
+}
+
 // The two elements of pairs j0 .. j0 + kPairs - 1 of a row of E (x, or a full-width cos/sin
 // table): 16-byte vectors when kPairs > 1 (NeoX: one from each half; interleaved: one holding
 // both elements of each pair), element by element otherwise (any alignment).
@@ -306,8 +322,7 @@ TK_DEVICE void rope_body(const RopeParams<T, table_t>& p) {
       c2[i] = c1[i], s2[i] = s1[i];
     }
   };
-  // transformers' form with tables in the model dtype, NeoX pairs: every product and the sum in
-  // packed T arithmetic from the raw vectors (vec.cuh: the same bits as each fp32 op cast to T).
+  // transformers' form with tables in the model dtype, NeoX pairs: rotated_*_rn on the raw vectors.
   constexpr bool kPackedNeox = !kFp32Math && kSource == CosSinSource::kTables && kStyle == RopeStyle::kNeox &&
                                kPairs > 1 && std::is_same_v<table_t, T>;
   for (int j0 = lane * kPairs; j0 < num_pairs; j0 += threads * kPairs) {
@@ -319,8 +334,8 @@ TK_DEVICE void rope_body(const RopeParams<T, table_t>& p) {
       c1.load(cos + j0), c2.load(cos + (j0 + num_pairs)), s1.load(sin + j0), s2.load(sin + (j0 + num_pairs));
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
-        add_rn(mul_rn(x1[r], c1), mul_rn(negated(x2[r]), s1)).store(out[r] + j0);
-        add_rn(mul_rn(x2[r], c2), mul_rn(x1[r], s2)).store(out[r] + (j0 + num_pairs));
+        rotated_first_rn(x1[r], x2[r], c1, s1).store(out[r] + j0);
+        rotated_second_rn(x1[r], x2[r], c2, s2).store(out[r] + (j0 + num_pairs));
       }
     } else {
       float c1[kPairs], c2[kPairs], s1[kPairs], s2[kPairs];
@@ -361,30 +376,16 @@ TK_DEVICE void rope_body(const RopeParams<T, table_t>& p) {
   }
 }
 
-template <typename T, typename table_t, RopeStyle kStyle, bool kFp32Math, int kPairs, CosSinSource kSource>
-__global__ void rope_kernel(const RopeParams<T, table_t> p) {
-  rope_body<T, table_t, kStyle, kFp32Math, kPairs, kSource>(p);
-}
-
 // Register cap of the coordinate form: ptxas picks 56 (4 blocks of 256 threads per SM), at 48 five
 // fit. Kernel lab, H200: ltx_rope_from_coords 2x8064x2048 bf16 69 -> 74 % of copy.
 #ifndef TK_LTX_COORDS_REGISTER_CAP  // tuning knob for the kernel lab
 #define TK_LTX_COORDS_REGISTER_CAP 48
 #endif
-constexpr int kLtxCoordsRegisterCap = TK_LTX_COORDS_REGISTER_CAP;
 
 template <typename T, typename table_t, RopeStyle kStyle, bool kFp32Math, int kPairs, CosSinSource kSource>
-__global__ void __maxnreg__(kLtxCoordsRegisterCap) rope_kernel_capped(const RopeParams<T, table_t> p) {
-  rope_body<T, table_t, kStyle, kFp32Math, kPairs, kSource>(p);
-}
-
-template <typename T, typename table_t, RopeStyle kStyle, bool kFp32Math, int kPairs, CosSinSource kSource>
-constexpr auto rope_kernel_for() {
-  if constexpr (kSource == CosSinSource::kLtxCoords) {
-    return &rope_kernel_capped<T, table_t, kStyle, kFp32Math, kPairs, kSource>;
-  } else {
-    return &rope_kernel<T, table_t, kStyle, kFp32Math, kPairs, kSource>;
-  }
+constexpr auto rope_kernel() {
+  constexpr int kCap = kSource == CosSinSource::kLtxCoords ? TK_LTX_COORDS_REGISTER_CAP : kNoRegisterCap;
+  return kernel_entry_for<kCap, RopeParams<T, table_t>, rope_body<T, table_t, kStyle, kFp32Math, kPairs, kSource>>();
 }
 
 }  // namespace rope_detail
@@ -416,10 +417,10 @@ cudaError_t rope(RopeParams<T, table_t> p, cudaStream_t stream) {
   const int64_t groups_per_block = rope_detail::kThreadsPerBlock >> log2;
   const dim3 grid(static_cast<unsigned>((groups + groups_per_block - 1) / groups_per_block));
   if (vectorizable) {
-    rope_detail::rope_kernel_for<T, table_t, kStyle, kFp32Math, kVecPairs, kSource>()
+    rope_detail::rope_kernel<T, table_t, kStyle, kFp32Math, kVecPairs, kSource>()
         <<<grid, rope_detail::kThreadsPerBlock, 0, stream>>>(p);
   } else {
-    rope_detail::rope_kernel_for<T, table_t, kStyle, kFp32Math, 1, kSource>()
+    rope_detail::rope_kernel<T, table_t, kStyle, kFp32Math, 1, kSource>()
         <<<grid, rope_detail::kThreadsPerBlock, 0, stream>>>(p);
   }
   return cudaGetLastError();

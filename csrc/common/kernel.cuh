@@ -1,0 +1,36 @@
+// The __global__ entry points of the op families: one around a kernel's device body, with or
+// without a register cap. Torch-free.
+#pragma once
+
+#include "common/math.cuh"
+
+namespace transformer_kernels {
+
+// ptxas chooses the registers.
+constexpr int kNoRegisterCap = 0;
+
+// The entry of a kernel whose work is the device function kBody (params by value, as kernels take them).
+template <typename Params, void (*kBody)(const Params&)>
+__global__ void kernel_entry(const Params p) {
+  kBody(p);
+}
+
+// The same with at most kRegisterCap registers per thread (__maxnreg__), so that more warps fit per
+// SM. A separate entry, launched only where the cap was measured to help (benchmarks/lab): the
+// attribute on every kernel, even a cap of 255, changes ptxas's allocation for the others too.
+template <int kRegisterCap, typename Params, void (*kBody)(const Params&)>
+__global__ void __maxnreg__(kRegisterCap) capped_kernel_entry(const Params p) {
+  kBody(p);
+}
+
+// The entry to launch for kBody (a cap knob set to 0, kNoRegisterCap, gives the uncapped one).
+template <int kRegisterCap, typename Params, void (*kBody)(const Params&)>
+constexpr auto kernel_entry_for() {
+  if constexpr (kRegisterCap == kNoRegisterCap) {
+    return &kernel_entry<Params, kBody>;
+  } else {
+    return &capped_kernel_entry<kRegisterCap, Params, kBody>;
+  }
+}
+
+}  // namespace transformer_kernels
