@@ -3,6 +3,7 @@ halves ordering (vLLM vs diffusers' GEGLU), strided inputs, bad inputs, opcheck,
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from helpers import DTYPES, assert_all_written, assert_matches_eager, assert_rejects, assert_within, poisoned, random_input
 from reference.activations import (
@@ -85,6 +86,29 @@ def test_act_mul_two_tensors(tk, act, dtype):
     mag = act_magnitude(gate, act) * up.double().abs()
     assert_within(out, activation_float64(gate, act) * up.double(), mag, 2.5, "act_mul vs float64")
     assert_matches_eager(out, eager, mag, 4)
+
+
+def every_bit_pattern(dtype):
+    """All 65536 values of a 16-bit dtype (NaNs, infinities, subnormals and both zeros included)."""
+    return torch.arange(-(2**15), 2**15, dtype=torch.int32, device="cuda").to(torch.int16).view(dtype)
+
+
+def same_bits(a, b):
+    """Equal bit for bit, any NaN matching any NaN (payloads are not specified)."""
+    nan = a.isnan()
+    return bool(torch.equal(nan, b.isnan()) and torch.equal(a[~nan].view(torch.int16), b[~nan].view(torch.int16)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_silu_every_value_matches_aten(tk, dtype):
+    """The 16-bit SiLU computes a fast value and redoes, exactly, the elements whose rounding it
+    cannot vouch for (activation.cuh, silu_rounded): over every input value the result must be
+    F.silu's, and the product with `up` eager's."""
+    x = every_bit_pattern(dtype).reshape(256, 256)
+    assert same_bits(tk.silu(x), F.silu(x))
+    up = random_input(x.shape, dtype)
+    assert same_bits(tk.act_mul(x, up, "silu"), F.silu(x) * up)
+    assert same_bits(tk.silu_and_mul(torch.cat([x, up], -1)), F.silu(x) * up)
 
 
 def test_strided_and_unaligned_inputs(tk):

@@ -164,7 +164,8 @@ std::vector<Case> make_cases() {
                      [p] { CHECK((elementwise<Elementwise::kGatedAdd, Activation::kSilu>(p, 0))); }});
   }
   // Norms: plain and fused-add RMSNorm (LLM prefill), modulated and gated (LTX blocks).
-  auto norm_case = [&](const std::string& name, int64_t batch, int64_t seq, int64_t c, PreAdd pre, bool mod) {
+  auto norm_case = [&](const std::string& name, int64_t batch, int64_t seq, int64_t c, PreAdd pre, bool mod,
+                       NormType type = NormType::kRms) {
     const int64_t rows = batch * seq;
     NormParams<bf16, bf16, bf16> p{};
     p.x = random_bf16(rows * c, 9), p.x_rows = rows_of(rows, c);
@@ -185,8 +186,17 @@ std::vector<Case> make_cases() {
       p.shift = random_bf16(batch * c, 16), p.shift_rows = p.scale_rows;
       bytes += 2.0 * batch * c;
     }
+    if (type == NormType::kLayer) {
+      p.bias = random_bf16(c, 17);
+      bytes += c;
+    }
     p.num_rows = rows, p.hidden = c, p.eps = 1e-6f, p.round_normalized = true;
     std::function<void()> launch;
+    if (type == NormType::kLayer) {
+      launch = [p] { CHECK((norm<NormType::kLayer, PreAdd::kNone, false>(p, 0))); };
+      cases.push_back({name, bytes * kBf16, launch});
+      return;
+    }
     if (pre == PreAdd::kNone && !mod) launch = [p] { CHECK((norm<NormType::kRms, PreAdd::kNone, false>(p, 0))); };
     if (pre == PreAdd::kResidual && !mod) launch = [p] { CHECK((norm<NormType::kRms, PreAdd::kResidual, false>(p, 0))); };
     if (pre == PreAdd::kNone && mod) launch = [p] { CHECK((norm<NormType::kRms, PreAdd::kNone, true>(p, 0))); };
@@ -197,6 +207,7 @@ std::vector<Case> make_cases() {
   norm_case("rms_norm 2048x4096", 1, 2048, 4096, PreAdd::kNone, false);
   norm_case("fused_add_rms_norm 16384x4096", 1, 16384, 4096, PreAdd::kResidual, false);
   norm_case("fused_add_rms_norm 2048x4096", 1, 2048, 4096, PreAdd::kResidual, false);
+  norm_case("layer_norm 8192x4096", 1, 8192, 4096, PreAdd::kNone, false, NormType::kLayer);
   norm_case("norm_modulate 2x8064x2048", 2, 8064, 2048, PreAdd::kNone, true);
   norm_case("norm_modulate 2x7392x4096", 2, 7392, 4096, PreAdd::kNone, true);
   norm_case("gated_add_norm_modulate 2x8064x2048", 2, 8064, 2048, PreAdd::kGated, true);

@@ -90,16 +90,10 @@ constexpr int kSmallGroup = 4;
 // registers keep more rows in flight per SM.
 template <typename T, typename weight_t, typename out_t, NormType kNorm, PreAdd kPre, bool kMod, int kVec,
           int kThreadsPerRow>
-TK_DEVICE void norm_body(const NormParams<T, weight_t, out_t>& p) {
+TK_DEVICE void norm_row(const NormParams<T, weight_t, out_t>& p, int64_t row, int lane, int threads,
+                        unsigned lanes_with_rows) {
   using vec = vec_t<T, kVec>;
   constexpr int kCachedVecs = cached_vecs<kThreadsPerRow, kPre != PreAdd::kNone || kMod>();
-  const RowGroup<kThreadsPerRow> group(p.num_rows);
-  const int lane = group.lane, threads = group.threads;
-  const int64_t row = group.row;
-  const unsigned lanes_with_rows = group.mask;
-  // Whole row groups leave together (a block in block mode); shuffles then name only the lanes
-  // of groups that have a row.
-  if (row >= p.num_rows) return;
 
   const T* x = p.x + p.x_rows.offset(row);
   out_t* out = p.out + p.out_rows.offset(row);
@@ -291,6 +285,32 @@ TK_DEVICE void norm_body(const NormParams<T, weight_t, out_t>& p) {
   }
 }
 
+// Rows per block in block mode, one after the other (tuning knob for the kernel lab).
+#ifndef TK_NORM_BLOCK_ROWS
+#define TK_NORM_BLOCK_ROWS 1
+#endif
+constexpr int kBlockRows = TK_NORM_BLOCK_ROWS;
+
+template <typename T, typename weight_t, typename out_t, NormType kNorm, PreAdd kPre, bool kMod, int kVec,
+          int kThreadsPerRow>
+TK_DEVICE void norm_body(const NormParams<T, weight_t, out_t>& p) {
+  if constexpr (kThreadsPerRow == 0 && kBlockRows > 1) {
+    const int64_t first_row = static_cast<int64_t>(blockIdx.x) * kBlockRows;
+    for (int r = 0; r < kBlockRows && first_row + r < p.num_rows; ++r) {
+      if (r > 0) __syncthreads();  // the row reductions' shared buffer is reused
+      norm_row<T, weight_t, out_t, kNorm, kPre, kMod, kVec, kThreadsPerRow>(p, first_row + r, threadIdx.x,
+                                                                            blockDim.x, kFullMask);
+    }
+  } else {
+    const RowGroup<kThreadsPerRow> group(p.num_rows);
+    // Whole row groups leave together (a block in block mode); shuffles then name only the lanes
+    // of groups that have a row.
+    if (group.row >= p.num_rows) return;
+    norm_row<T, weight_t, out_t, kNorm, kPre, kMod, kVec, kThreadsPerRow>(p, group.row, group.lane, group.threads,
+                                                                          group.mask);
+  }
+}
+
 // Register cap of the modulated RMSNorms (with or without the gated pre-add): ptxas picks 72 (88
 // gated), at 64 more rows fit per SM (and blocks of 1024 threads). Kernel lab, H200, bf16:
 // norm_modulate 2x8064x2048 59 -> 65 %, 2x7392x4096 65 -> 71 %; gated 68 -> 74 %, 71 -> 79 %.
@@ -333,7 +353,7 @@ cudaError_t launch(const NormParams<T, weight_t, out_t>& p, cudaStream_t stream)
     const int64_t limit = std::min(kMaxThreads, max_threads / kWarpSize * kWarpSize);
     const int64_t wanted = (num_vecs + kBlockVecs - 1) / kBlockVecs;
     const int threads = static_cast<int>(std::min<int64_t>(limit, (wanted + kWarpSize - 1) / kWarpSize * kWarpSize));
-    kernel<<<grid_for(1), threads, 0, stream>>>(p);
+    kernel<<<grid_for(kBlockRows), threads, 0, stream>>>(p);
   }
   return cudaGetLastError();
 }
