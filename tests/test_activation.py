@@ -101,9 +101,8 @@ def same_bits(a, b):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_silu_every_value_matches_aten(tk, dtype):
-    """The 16-bit SiLU computes a fast value and redoes, exactly, the elements whose rounding it
-    cannot vouch for (activation.cuh, silu_rounded): over every input value the result must be
-    F.silu's, and the product with `up` eager's."""
+    """The SiLU follows ATen's formula op for op (expf, IEEE division): over every input value of
+    the dtype the result must be F.silu's bits, and the product with `up` eager's."""
     x = every_bit_pattern(dtype).reshape(256, 256)
     assert same_bits(tk.silu(x), F.silu(x))
     up = random_input(x.shape, dtype)

@@ -542,6 +542,13 @@ BAD = {
         qkv[..., :128].unflatten(-1, (2, 64)), qkv[..., 127:255].unflatten(-1, (2, 64)), _bf(1, 4, 64), _bf(1, 4, 64),
         unsqueeze_dim=2))(
         _bf(1, 4, 384)), ValueError, "q must not share memory with k"),
+    "hf_unsqueeze_dim": (lambda t: t.apply_rotary_pos_emb(_bf(1, 2, 4, 64), _bf(1, 2, 4, 64), _bf(1, 4, 64),
+                                                          _bf(1, 4, 64), unsqueeze_dim=3),
+                         ValueError, "unsqueeze_dim must be 1"),
+    "hf_q_3d": (lambda t: t.apply_rotary_pos_emb(_bf(2, 4, 64), _bf(1, 2, 4, 64), _bf(1, 4, 64), _bf(1, 4, 64)),
+                ValueError, "q must be 4-D"),
+    "hf_in_place_k_3d": (lambda t: t.apply_rotary_pos_emb_(_bf(1, 2, 4, 64), _bf(2, 4, 64), _bf(1, 4, 64),
+                                                           _bf(1, 4, 64)), ValueError, "k must be 4-D"),
     "vllm_positions_int32": (lambda t: _vllm(t, positions=torch.zeros(4, dtype=torch.int32, device="cuda")),
                              TypeError, "positions must have dtype"),
     "vllm_positions_count": (lambda t: _vllm(t, positions=torch.zeros(5, dtype=torch.long, device="cuda")),
@@ -710,7 +717,28 @@ def test_opcheck_and_compile(tk):
     cos, sin = hf_cos_sin(2, 16, 64, torch.bfloat16)
     torch.library.opcheck(tk.ops.rope.default, (q, k, cos, sin, "neox", False))
     torch.library.opcheck(tk.ops.rope_.default, (q.clone(), k.clone(), cos.float(), sin.float(), "interleaved", True))
+    # transformers' layout: q [B, H, S, d] as a transposed view of a [B, S, H, d] projection
+    qh, kh = q.transpose(1, 2), k.transpose(1, 2)
+    for dim, (qa, ka) in {1: (qh, kh), 2: (q, k)}.items():
+        torch.library.opcheck(tk.ops.hf_rope.default, (qa, ka, cos, sin, dim))
+        torch.library.opcheck(tk.ops.hf_rope_.default, (qa.clone(), ka.clone(), cos, sin, dim))
     torch._dynamo.reset()
-    f = torch.compile(lambda q, k: tk.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=2), fullgraph=True)
-    for a, b in zip(f(q, k), tk.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=2)):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    for dim, (qa, ka) in {1: (qh, kh), 2: (q, k)}.items():
+        f = torch.compile(lambda q, k: tk.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=dim), fullgraph=True)
+        for a, b in zip(f(qa, ka), tk.apply_rotary_pos_emb(qa, ka, cos, sin, unsqueeze_dim=dim)):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+            assert a.stride() == b.stride()
+
+
+def test_hf_layouts_give_the_same_bits(tk):
+    """unsqueeze_dim=1 on [B, H, S, d] views and 2 on [B, S, H, d] rotate the same tokens the same way,
+    in place and out of place, and return q and k in the layout they came in."""
+    q, k = _bf(2, 9, 5, 128), _bf(2, 9, 3, 128)
+    cos, sin = hf_cos_sin(2, 9, 128, torch.bfloat16)
+    q2, k2 = tk.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=2)
+    q1, k1 = tk.apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+    assert q1.shape == (2, 5, 9, 128) and k1.shape == (2, 3, 9, 128)
+    assert torch.equal(q1.transpose(1, 2), q2) and torch.equal(k1.transpose(1, 2), k2)
+    qi, ki = q.transpose(1, 2).clone(), k.transpose(1, 2).clone()
+    assert tk.apply_rotary_pos_emb_(qi, ki, cos, sin)[0] is qi
+    assert torch.equal(qi, q1) and torch.equal(ki, k1)

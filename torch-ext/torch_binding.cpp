@@ -50,6 +50,10 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   // Rotary embeddings on q [B, S, Hq, d] and k [B, S, Hk, d] in one launch, out of place or in place.
   ops.def("rope(Tensor q, Tensor k, Tensor cos, Tensor sin, str style, bool fp32_math) -> (Tensor, Tensor)");
   ops.def("rope_(Tensor(a!) q, Tensor(b!) k, Tensor cos, Tensor sin, str style, bool fp32_math) -> ()");
+  // transformers' apply_rotary_pos_emb in its own layout (unsqueeze_dim 1: q [B, Hq, S, d]), out of
+  // place or in place: `rope` with style "neox", per-op rounding, and the layout handled here.
+  ops.def("hf_rope(Tensor q, Tensor k, Tensor cos, Tensor sin, int unsqueeze_dim) -> (Tensor, Tensor)");
+  ops.def("hf_rope_(Tensor(a!) q, Tensor(b!) k, Tensor cos, Tensor sin, int unsqueeze_dim) -> ()");
   // vLLM's form, in place: query [T, Hq*d], key [T, Hk*d], positions [T] into cos_sin_cache [P, R].
   ops.def("rope_cached_(Tensor positions, Tensor(a!) query, Tensor(b!) key, int head_size, Tensor cos_sin_cache, "
           "str style) -> ()");
@@ -94,6 +98,8 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
     ops.impl("gated_add_out", key, &tk::gated_add_out);
     ops.impl("rope", key, &tk::rope);
     ops.impl("rope_", key, &tk::rope_);
+    ops.impl("hf_rope", key, &tk::hf_rope);
+    ops.impl("hf_rope_", key, &tk::hf_rope_);
     ops.impl("rope_cached_", key, &tk::rope_cached_);
     ops.impl("qk_norm_rope", key, &tk::qk_norm_rope);
     ops.impl("hf_qk_norm_rope", key, &tk::hf_qk_norm_rope);

@@ -67,6 +67,13 @@ std::tuple<torch::Tensor, torch::Tensor> rope(const torch::Tensor& q, const torc
                                               const torch::Tensor& sin, std::string_view style, bool fp32_math);
 void rope_(torch::Tensor& q, torch::Tensor& k, const torch::Tensor& cos, const torch::Tensor& sin,
            std::string_view style, bool fp32_math);
+// transformers' apply_rotary_pos_emb: q [B, Hq, S, d] / k [B, Hk, S, d] (unsqueeze_dim 1) or
+// [B, S, H, d] (2); cos, sin [B or 1, S, R] in q's dtype; NeoX halves, each op rounded to q's dtype
+std::tuple<torch::Tensor, torch::Tensor> hf_rope(const torch::Tensor& q, const torch::Tensor& k,
+                                                 const torch::Tensor& cos, const torch::Tensor& sin,
+                                                 int64_t unsqueeze_dim);
+void hf_rope_(torch::Tensor& q, torch::Tensor& k, const torch::Tensor& cos, const torch::Tensor& sin,
+              int64_t unsqueeze_dim);
 // vLLM's rotary_embedding, in place: positions [T] int64; query [T, Hq*d] or [T, Hq, d], key likewise;
 // cos_sin_cache [max_position, R] (R/2 cosines then R/2 sines per row), query's dtype or float32
 // RMSNorm then interleaved RoPE of q [B, S, Gq, L] and k [B, S, Gk, L]; weights [L] (q's dtype or

@@ -44,77 +44,6 @@ TK_DEVICE float activate(float x) {
   }
 }
 
-// SiLU of N fp32 values rounded to a 16-bit T, bit for bit what rounding ATen's fp32
-// x / (1 + expf(-x)) to T gives, at about half its instructions (SwiGLU spent 32 per element on the
-// exact expf and IEEE division and was issue-bound). A fast value y = x * rcp(1 + 2^(-x log2 e))
-// (MUFU.EX2 and MUFU.RCP) is within kFastRelError of ATen's fp32 value for |x| <= kFastRange
-// (__expf's 2 + 1.17|x| ulp, the reciprocal's 1 ulp, ATen's own ~3 ulp: under 2^-19 in all, so
-// the bound has an 8x margin). When y(1 - e) and y(1 + e) round to the same T, so does every value
-// between them, ATen's included (rounding is monotone); the other elements (about 1 % in bf16, 6 %
-// in fp16, and NaN, inf and |x| > kFastRange) take the exact formula. Tests compare all 65536
-// bit patterns of bf16 and fp16 against F.silu.
-#ifndef TK_SILU_FAST  // tuning knob for the kernel lab: 0 = the exact formula for every element
-#define TK_SILU_FAST 1
-#endif
-namespace silu_detail {
-constexpr float kFastRange = 16.f;
-constexpr float kFastRelError = 1.f / 65536.f;  // 2^-16
-constexpr float kLog2e = 1.44269504088896340736f;
-
-TK_DEVICE float exp2_approx(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-TK_DEVICE float reciprocal_approx(float x) {
-  float y;
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-// Nonzero when y(1 - kFastRelError) and y(1 + kFastRelError) round to different T values (two
-// values converted by one packed instruction, their bits compared): otherwise every value between
-// them, ATen's included, rounds to the same T as y (rounding is monotone).
-template <typename T>
-TK_DEVICE uint32_t rounding_unstable(float y) {
-  static_assert(sizeof(T) == 2, "16-bit T");
-  T lo, hi;
-  from_float_pair(y * (1.f - kFastRelError), y * (1.f + kFastRelError), lo, hi);
-  const uint32_t both = static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(&lo)) |
-                        static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(&hi)) << 16;
-  return (both ^ (both >> 16)) & 0xffffu;
-}
-TK_DEVICE uint32_t magnitude_bits(float x) { return __float_as_uint(x) & 0x7fffffffu; }  // NaN above inf
-}  // namespace silu_detail
-
-template <typename T, int N>
-TK_DEVICE void silu_rounded(const float (&x)[N], T (&out)[N]) {
-  float y[N];
-  if constexpr (TK_SILU_FAST && sizeof(T) == 2) {
-    using namespace silu_detail;
-    // Branch-free over the vector: the checks are folded into two integers, and the rare vector
-    // with an element to redo takes the exact formula for those elements.
-    uint32_t unstable = 0, largest = 0;
-#pragma unroll
-    for (int i = 0; i < N; ++i) {
-      y[i] = x[i] * reciprocal_approx(1.f + exp2_approx(-x[i] * kLog2e));
-      unstable |= rounding_unstable<T>(y[i]);
-      largest = max(largest, magnitude_bits(x[i]));
-    }
-    constexpr uint32_t kRangeBits = 0x41800000u;  // 16.f
-    static_assert(kFastRange == 16.f, "kRangeBits encodes kFastRange");
-    if (unstable != 0 || largest > kRangeBits) {
-#pragma unroll
-      for (int i = 0; i < N; ++i)
-        if (magnitude_bits(x[i]) > kRangeBits || rounding_unstable<T>(y[i]) != 0)
-          y[i] = activate<Activation::kSilu>(x[i]);
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < N; ++i) y[i] = activate<Activation::kSilu>(x[i]);
-  }
-  from_floats(y, out);
-}
-
 template <typename T>
 struct ElementwiseParams {
   const T* a;  // [rows..., cols]: the activated operand, or x for kGatedAdd
@@ -145,17 +74,11 @@ TK_DEVICE vec_t<T, N> apply(const vec_t<T, N>& a, const vec_t<T, N>& b, const ve
   if constexpr (kOp == Elementwise::kGatedAdd) {
     return add_rn(a, mul_rn(c, b));
   } else {
-    float x[N];
-    a.cast_to(x);
-    vec_t<T, N> act;
-    if constexpr (kAct == Activation::kSilu) {
-      silu_rounded(x, act.data);
-    } else {
-      float y[N];
+    float y[N];
 #pragma unroll
-      for (int i = 0; i < N; ++i) y[i] = activate<kAct>(x[i]);
-      act.cast_from(y);
-    }
+    for (int i = 0; i < N; ++i) y[i] = activate<kAct>(to_float(a[i]));
+    vec_t<T, N> act;
+    act.cast_from(y);
     if constexpr (kOp == Elementwise::kAct) return act;
     else return mul_rn(act, b);
   }

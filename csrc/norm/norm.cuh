@@ -67,6 +67,9 @@ constexpr int kCachedVecs = 4;
 #define TK_BLOCK_CACHED_VECS 4
 #endif
 constexpr int kBlockCachedVecs = TK_BLOCK_CACHED_VECS;
+#ifndef TK_NORM_PREFETCH_WEIGHT  // tuning knob for the kernel lab
+#define TK_NORM_PREFETCH_WEIGHT 1
+#endif
 // The fused variants (pre-add or modulation) keep 4 too. Kernel lab (bf16, before packed
 // rounding): 2 vectors gave the gated modulated norm +2-4 points but norm_modulate -5 to -10 and
 // fused_add_rms_norm -3; 8 lost everywhere (fused_add 91 -> 76 %). Loading all cached vectors'
@@ -90,10 +93,16 @@ constexpr int kSmallGroup = 4;
 // registers keep more rows in flight per SM.
 template <typename T, typename weight_t, typename out_t, NormType kNorm, PreAdd kPre, bool kMod, int kVec,
           int kThreadsPerRow>
-TK_DEVICE void norm_row(const NormParams<T, weight_t, out_t>& p, int64_t row, int lane, int threads,
-                        unsigned lanes_with_rows) {
+TK_DEVICE void norm_body(const NormParams<T, weight_t, out_t>& p) {
   using vec = vec_t<T, kVec>;
   constexpr int kCachedVecs = cached_vecs<kThreadsPerRow, kPre != PreAdd::kNone || kMod>();
+  const RowGroup<kThreadsPerRow> group(p.num_rows);
+  const int lane = group.lane, threads = group.threads;
+  const int64_t row = group.row;
+  const unsigned lanes_with_rows = group.mask;
+  // Whole row groups leave together (a block in block mode); shuffles then name only the lanes
+  // of groups that have a row.
+  if (row >= p.num_rows) return;
 
   const T* x = p.x + p.x_rows.offset(row);
   out_t* out = p.out + p.out_rows.offset(row);
@@ -143,6 +152,20 @@ TK_DEVICE void norm_row(const NormParams<T, weight_t, out_t>& p, int64_t row, in
   for (int k = 0; k < kCachedVecs; ++k) {
     const int v = lane + k * threads;
     if (v < num_vecs) cached[k] = load_h(v, false);
+  }
+  // The cached columns' weight (and bias) loaded with the row, as Liger's kernel does, so that
+  // the last pass does not wait for them after the reduction (unmodulated norms only).
+  constexpr bool kPrefetchWeight = TK_NORM_PREFETCH_WEIGHT && !kMod;
+  vec_t<weight_t, kVec> weight_pre[kPrefetchWeight ? kCachedVecs : 1], bias_pre[kPrefetchWeight ? kCachedVecs : 1];
+  if constexpr (kPrefetchWeight) {
+#pragma unroll
+    for (int k = 0; k < kCachedVecs; ++k) {
+      const int v = lane + k * threads;
+      if (v < num_vecs) {
+        if (p.weight != nullptr) weight_pre[k].load(p.weight + v * kVec);
+        if (kNorm == NormType::kLayer && p.bias != nullptr) bias_pre[k].load(p.bias + v * kVec);
+      }
+    }
   }
   const float tail_h = has_tail ? h_scalar(tail_col) : 0.f;
   if (h_out != nullptr) {
@@ -266,7 +289,15 @@ TK_DEVICE void norm_row(const NormParams<T, weight_t, out_t>& p, int64_t row, in
 #pragma unroll
   for (int k = 0; k < kCachedVecs; ++k) {
     const int v = lane + k * threads;
-    if (v < num_vecs) store_vec(cached[k], load_params(v), v);
+    if (v < num_vecs) {
+      if constexpr (kPrefetchWeight) {
+        ColumnParams c;
+        c.w = weight_pre[k], c.b = bias_pre[k];
+        store_vec(cached[k], c, v);
+      } else {
+        store_vec(cached[k], load_params(v), v);
+      }
+    }
   }
   for (int v = lane + kCachedVecs * threads; v < num_vecs; v += threads)
     store_vec(load_h(v, true), load_params(v), v);
@@ -282,32 +313,6 @@ TK_DEVICE void norm_row(const NormParams<T, weight_t, out_t>& p, int64_t row, in
     }
     normalize(y, w, b);
     out[c] = finish(y, s, sh)[0];
-  }
-}
-
-// Rows per block in block mode, one after the other (tuning knob for the kernel lab).
-#ifndef TK_NORM_BLOCK_ROWS
-#define TK_NORM_BLOCK_ROWS 1
-#endif
-constexpr int kBlockRows = TK_NORM_BLOCK_ROWS;
-
-template <typename T, typename weight_t, typename out_t, NormType kNorm, PreAdd kPre, bool kMod, int kVec,
-          int kThreadsPerRow>
-TK_DEVICE void norm_body(const NormParams<T, weight_t, out_t>& p) {
-  if constexpr (kThreadsPerRow == 0 && kBlockRows > 1) {
-    const int64_t first_row = static_cast<int64_t>(blockIdx.x) * kBlockRows;
-    for (int r = 0; r < kBlockRows && first_row + r < p.num_rows; ++r) {
-      if (r > 0) __syncthreads();  // the row reductions' shared buffer is reused
-      norm_row<T, weight_t, out_t, kNorm, kPre, kMod, kVec, kThreadsPerRow>(p, first_row + r, threadIdx.x,
-                                                                            blockDim.x, kFullMask);
-    }
-  } else {
-    const RowGroup<kThreadsPerRow> group(p.num_rows);
-    // Whole row groups leave together (a block in block mode); shuffles then name only the lanes
-    // of groups that have a row.
-    if (group.row >= p.num_rows) return;
-    norm_row<T, weight_t, out_t, kNorm, kPre, kMod, kVec, kThreadsPerRow>(p, group.row, group.lane, group.threads,
-                                                                          group.mask);
   }
 }
 
@@ -353,7 +358,7 @@ cudaError_t launch(const NormParams<T, weight_t, out_t>& p, cudaStream_t stream)
     const int64_t limit = std::min(kMaxThreads, max_threads / kWarpSize * kWarpSize);
     const int64_t wanted = (num_vecs + kBlockVecs - 1) / kBlockVecs;
     const int threads = static_cast<int>(std::min<int64_t>(limit, (wanted + kWarpSize - 1) / kWarpSize * kWarpSize));
-    kernel<<<grid_for(kBlockRows), threads, 0, stream>>>(p);
+    kernel<<<grid_for(1), threads, 0, stream>>>(p);
   }
   return cudaGetLastError();
 }

@@ -18,6 +18,7 @@ namespace transformer_kernels {
 namespace {
 
 constexpr const char* kOp = "rope";
+constexpr const char* kHfRopeOp = "apply_rotary_pos_emb";
 
 RopeStyle resolve_style(std::string_view style) {
   if (style == "neox") return RopeStyle::kNeox;
@@ -213,6 +214,30 @@ void rope_(at::Tensor& q, at::Tensor& k, const at::Tensor& cos, const at::Tensor
     check_no_overlap(kOp, k, "k", *t, name);
   }
   launch(q, k, q, k, cos, sin, style, fp32_math, /*copy_pass_through=*/false);
+}
+
+// transformers' layouts: unsqueeze_dim 1 is q [B, H, S, d] (viewed here as [B, S, H, d], no copy),
+// 2 is q [B, S, H, d]. Done here rather than in Python: each Python-side view costs a few µs of a
+// decode step's host time.
+at::Tensor hf_as_bshd(const at::Tensor& t, const char* name, int64_t unsqueeze_dim) {
+  TORCH_CHECK_VALUE(unsqueeze_dim == 1 || unsqueeze_dim == 2, kHfRopeOp,
+                    ": unsqueeze_dim must be 1 ([B, H, S, d]) or 2 ([B, S, H, d]), got ", unsqueeze_dim);
+  TORCH_CHECK_VALUE(t.dim() == 4, kHfRopeOp, ": ", name, " must be 4-D ([B, H, S, d] for unsqueeze_dim=1, "
+                    "[B, S, H, d] for 2), got shape ", t.sizes());
+  return unsqueeze_dim == 1 ? t.transpose(1, 2) : t;
+}
+
+std::tuple<at::Tensor, at::Tensor> hf_rope(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+                                           const at::Tensor& sin, int64_t unsqueeze_dim) {
+  const at::Tensor qb = hf_as_bshd(q, "q", unsqueeze_dim), kb = hf_as_bshd(k, "k", unsqueeze_dim);
+  auto [q_out, k_out] = rope(qb, kb, cos, sin, "neox", /*fp32_math=*/false);
+  if (unsqueeze_dim == 1) return {q_out.transpose(1, 2), k_out.transpose(1, 2)};
+  return {q_out, k_out};
+}
+
+void hf_rope_(at::Tensor& q, at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin, int64_t unsqueeze_dim) {
+  at::Tensor qb = hf_as_bshd(q, "q", unsqueeze_dim), kb = hf_as_bshd(k, "k", unsqueeze_dim);
+  rope_(qb, kb, cos, sin, "neox", /*fp32_math=*/false);
 }
 
 void rope_cached_(const at::Tensor& positions, at::Tensor& query, at::Tensor& key, int64_t head_size,

@@ -32,30 +32,21 @@ from ._ops import add_op_namespace_prefix, ops
 STYLES = ("neox", "interleaved")
 
 
-def _to_bshd(t: torch.Tensor, unsqueeze_dim: int) -> torch.Tensor:
-    if unsqueeze_dim == 1:  # [B, H, S, d] -> [B, S, H, d] view
-        return t.transpose(1, 2)
-    if unsqueeze_dim == 2:
-        return t
-    raise ValueError(f"apply_rotary_pos_emb: unsqueeze_dim must be 1 ([B, H, S, d]) or 2 ([B, S, H, d]), got {unsqueeze_dim}")
-
-
 def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                          unsqueeze_dim: int = 1) -> Tuple[torch.Tensor, torch.Tensor]:
     """transformers' ``apply_rotary_pos_emb``: ``q * cos + rotate_half(q) * sin`` (and k).
 
-    cos/sin ``[B, S, R]`` (``R <= d``; channels ``>= R`` pass through); returns new tensors in q and k's
-    layout (``[B, H, S, d]`` for ``unsqueeze_dim=1``)."""
-    q_out, k_out = _rope(_to_bshd(q, unsqueeze_dim), _to_bshd(k, unsqueeze_dim), cos, sin, "neox", False)
-    if unsqueeze_dim == 1:
-        return q_out.transpose(1, 2), k_out.transpose(1, 2)
-    return q_out, k_out
+    q ``[B, Hq, S, d]`` and k ``[B, Hk, S, d]`` for ``unsqueeze_dim=1`` (``[B, S, H, d]`` for 2), any
+    strides with the last dimension contiguous; cos/sin ``[B, S, R]`` (``R <= d``; channels ``>= R``
+    pass through). Returns new tensors in q and k's layout. The layout is handled in the op itself:
+    views made here in Python would cost a decode step more host time than the kernel takes."""
+    return _hf_rope(q, k, cos, sin, unsqueeze_dim)
 
 
 def apply_rotary_pos_emb_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                           unsqueeze_dim: int = 1) -> Tuple[torch.Tensor, torch.Tensor]:
     """In-place ``apply_rotary_pos_emb``: q and k are overwritten and returned."""
-    _rope_(_to_bshd(q, unsqueeze_dim), _to_bshd(k, unsqueeze_dim), cos, sin, "neox", False)
+    _hf_rope_(q, k, cos, sin, unsqueeze_dim)
     return q, k
 
 
@@ -207,6 +198,8 @@ def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Te
 _rope = ops.rope.default
 _rope_ = ops.rope_.default
 _rope_cached_ = ops.rope_cached_.default
+_hf_rope = ops.hf_rope.default
+_hf_rope_ = ops.hf_rope_.default
 _qk_norm_rope = ops.qk_norm_rope.default
 _hf_qk_norm_rope = ops.hf_qk_norm_rope.default
 _hf_qk_norm_rope_out = ops.hf_qk_norm_rope_out.default
@@ -223,6 +216,29 @@ def _(q, k, cos, sin, style, fp32_math):
 @torch.library.register_fake(add_op_namespace_prefix("rope_"))
 def _(q, k, cos, sin, style, fp32_math):
     torch._check(style in STYLES, lambda: f"rope: style must be one of {STYLES}, got {style!r}")
+
+
+def _check_unsqueeze_dim(q, k, unsqueeze_dim):
+    torch._check(unsqueeze_dim in (1, 2),
+                 lambda: f"apply_rotary_pos_emb: unsqueeze_dim must be 1 ([B, H, S, d]) or 2 ([B, S, H, d]), got {unsqueeze_dim}")
+    torch._check(q.dim() == 4 and k.dim() == 4, lambda: "apply_rotary_pos_emb: q and k must be 4-D")
+
+
+@torch.library.register_fake(add_op_namespace_prefix("hf_rope"))
+def _(q, k, cos, sin, unsqueeze_dim):
+    _check_unsqueeze_dim(q, k, unsqueeze_dim)
+
+    def like(t):  # a new [B, S, H, d] tensor, seen in t's layout as the op returns it
+        if unsqueeze_dim == 2:
+            return t.new_empty(t.shape)
+        return t.new_empty((t.shape[0], t.shape[2], t.shape[1], t.shape[3])).transpose(1, 2)
+
+    return like(q), like(k)
+
+
+@torch.library.register_fake(add_op_namespace_prefix("hf_rope_"))
+def _(q, k, cos, sin, unsqueeze_dim):
+    _check_unsqueeze_dim(q, k, unsqueeze_dim)
 
 
 @torch.library.register_fake(add_op_namespace_prefix("rope_cached_"))
