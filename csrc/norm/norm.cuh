@@ -67,9 +67,6 @@ constexpr int kCachedVecs = 4;
 #define TK_BLOCK_CACHED_VECS 4
 #endif
 constexpr int kBlockCachedVecs = TK_BLOCK_CACHED_VECS;
-#ifndef TK_NORM_PREFETCH_WEIGHT  // tuning knob for the kernel lab
-#define TK_NORM_PREFETCH_WEIGHT 1
-#endif
 // The fused variants (pre-add or modulation) keep 4 too. Kernel lab (bf16, before packed
 // rounding): 2 vectors gave the gated modulated norm +2-4 points but norm_modulate -5 to -10 and
 // fused_add_rms_norm -3; 8 lost everywhere (fused_add 91 -> 76 %). Loading all cached vectors'
@@ -152,20 +149,6 @@ TK_DEVICE void norm_body(const NormParams<T, weight_t, out_t>& p) {
   for (int k = 0; k < kCachedVecs; ++k) {
     const int v = lane + k * threads;
     if (v < num_vecs) cached[k] = load_h(v, false);
-  }
-  // The cached columns' weight (and bias) loaded with the row, as Liger's kernel does, so that
-  // the last pass does not wait for them after the reduction (unmodulated norms only).
-  constexpr bool kPrefetchWeight = TK_NORM_PREFETCH_WEIGHT && !kMod;
-  vec_t<weight_t, kVec> weight_pre[kPrefetchWeight ? kCachedVecs : 1], bias_pre[kPrefetchWeight ? kCachedVecs : 1];
-  if constexpr (kPrefetchWeight) {
-#pragma unroll
-    for (int k = 0; k < kCachedVecs; ++k) {
-      const int v = lane + k * threads;
-      if (v < num_vecs) {
-        if (p.weight != nullptr) weight_pre[k].load(p.weight + v * kVec);
-        if (kNorm == NormType::kLayer && p.bias != nullptr) bias_pre[k].load(p.bias + v * kVec);
-      }
-    }
   }
   const float tail_h = has_tail ? h_scalar(tail_col) : 0.f;
   if (h_out != nullptr) {
@@ -289,15 +272,7 @@ TK_DEVICE void norm_body(const NormParams<T, weight_t, out_t>& p) {
 #pragma unroll
   for (int k = 0; k < kCachedVecs; ++k) {
     const int v = lane + k * threads;
-    if (v < num_vecs) {
-      if constexpr (kPrefetchWeight) {
-        ColumnParams c;
-        c.w = weight_pre[k], c.b = bias_pre[k];
-        store_vec(cached[k], c, v);
-      } else {
-        store_vec(cached[k], load_params(v), v);
-      }
-    }
+    if (v < num_vecs) store_vec(cached[k], load_params(v), v);
   }
   for (int v = lane + kCachedVecs * threads; v < num_vecs; v += threads)
     store_vec(load_h(v, true), load_params(v), v);
