@@ -24,6 +24,11 @@ def main() -> None:
     w = torch.rand(4096, **bf16) + 0.5
     torch.empty_like(x).copy_(x)  # the reference: a device-to-device copy of the same bytes
     tk.rms_norm(x, w, 1e-6)
+    try:  # the baseline that beats our rms_norm (93 % against 88 % of copy): the same counters for it
+        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+        LigerRMSNormFunction.apply(x, w, 1e-6, 0.0, "llama")
+    except ImportError:
+        pass
     tk.fused_add_rms_norm(x, torch.randn_like(x), w, 1e-6)
     m = torch.randn(2, 7392, 4096, **bf16)
     scale, shift, gate = (torch.randn(2, 1, 4096, **bf16) * 0.3 for _ in range(3))

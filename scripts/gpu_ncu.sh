@@ -15,7 +15,8 @@ lts__t_sectors_srcunit_tex_op_read.sum,lts__t_sector_hit_rate.pct
 # WarpStateStats (why warps stall) and InstructionStats / ComputeWorkloadAnalysis (which pipes
 # issue): the modulated norms are 80 % SM-busy at 60 % of copy, and guesses at the cause
 # (conversions, 64-bit divisions) bought a few points each (NOTES.md, session 3).
-# Only our kernels: the probe's input generation (randn) would double the profiling time.
-"$NCU" --clock-control none --kernel-name regex:"kernel_entry" \
+# Only our kernels (and Liger's rms_norm, the baseline ours trails): the probe's input generation
+# (randn) would double the profiling time.
+"$NCU" --clock-control none --kernel-name regex:"kernel_entry|_rms_norm_forward_kernel" \
   --metrics "$METRICS" --section WarpStateStats --section InstructionStats --section ComputeWorkloadAnalysis --csv \
   "${PYTHON:-python3}" benchmarks/ncu_probe.py > "$1"
