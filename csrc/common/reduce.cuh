@@ -76,54 +76,6 @@ TK_DEVICE float row_reduce_sum(float v, unsigned mask = kFullMask) {
   return a[0];
 }
 
-// Count, mean and sum of squared deviations (M2) of a set of values: what LayerNorm's variance
-// needs, combined across threads with Chan et al.'s pairwise update (stable where the sum of
-// squares minus the squared sum would cancel).
-struct MeanM2 {
-  float n, mean, m2;
-};
-
-TK_DEVICE MeanM2 combine(const MeanM2& a, const MeanM2& b) {
-  const float n = a.n + b.n;
-  if (n == 0.f) return a;
-  const float delta = b.mean - a.mean;
-  const float b_share = __fdividef(b.n, n);  // counts are small integers: 2 ulp is plenty
-  return {n, a.mean + delta * b_share, a.m2 + b.m2 + delta * delta * a.n * b_share};
-}
-
-// Butterfly combination over aligned groups of kWidth lanes, then lane 0 of each group's result
-// to all its lanes: partners combine in opposite orders, which can differ in the last bit, and
-// every thread of a row must normalize with the same statistics.
-template <int kWidth = kWarpSize>
-TK_DEVICE MeanM2 group_reduce_mean_m2(MeanM2 v, unsigned mask = kFullMask) {
-#pragma unroll
-  for (int offset = kWidth / 2; offset > 0; offset /= 2) {
-    const MeanM2 other{__shfl_xor_sync(mask, v.n, offset), __shfl_xor_sync(mask, v.mean, offset),
-                       __shfl_xor_sync(mask, v.m2, offset)};
-    v = combine(v, other);
-  }
-  return {__shfl_sync(mask, v.n, 0, kWidth), __shfl_sync(mask, v.mean, 0, kWidth), __shfl_sync(mask, v.m2, 0, kWidth)};
-}
-
-// The same over the threads of a row (kThreadsPerRow == 0: the whole block, one __syncthreads,
-// as block_reduce_sum; every warp combines the per-warp results in the same order).
-template <int kThreadsPerRow>
-TK_DEVICE MeanM2 row_reduce_mean_m2(MeanM2 v, unsigned mask = kFullMask) {
-  if constexpr (kThreadsPerRow == 0) {
-    __shared__ float warp_stats[3][kWarpSize];
-    const int lane = threadIdx.x % kWarpSize;
-    const int warp = threadIdx.x / kWarpSize;
-    const int num_warps = blockDim.x / kWarpSize;
-    v = group_reduce_mean_m2(v);
-    if (lane == 0) warp_stats[0][warp] = v.n, warp_stats[1][warp] = v.mean, warp_stats[2][warp] = v.m2;
-    __syncthreads();
-    v = lane < num_warps ? MeanM2{warp_stats[0][lane], warp_stats[1][lane], warp_stats[2][lane]} : MeanM2{0.f, 0.f, 0.f};
-    return group_reduce_mean_m2(v);
-  } else {
-    return group_reduce_mean_m2<kThreadsPerRow>(v, mask);
-  }
-}
-
 // Lanes of this thread's warp whose row groups have a row, when groups of kThreadsPerRow lanes
 // take consecutive rows starting at `warp_first_row`: a prefix of the warp. Groups without a row
 // exit early, so shuffles must not name their lanes.
