@@ -50,6 +50,7 @@ RMS_NORM_SHAPES = [
     (16128, 2048, "LTX-Video 2B q/k norm across heads, 2x8064 tokens"),
     (16128, 4096, "LTX-Video 13B q/k norm across heads, 2x8064 tokens"),
     (65536, 128, "Qwen3-8B per-head q norm, 2048 tokens x 32 heads"),
+    (64, 262144, "a few rows of 256 K columns: split across blocks"),
 ]
 RMS_NORM_QUICK = {(1, 4096), (16384, 4096), (65536, 128)}
 EXTRA_DTYPES_SHAPE = (16384, 4096)  # fp16 and fp32 are timed on this shape too

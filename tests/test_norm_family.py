@@ -138,7 +138,7 @@ def modulate64(n64, scale, shift, norm):
 @pytest.mark.parametrize("norm", ["rms", "layer"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("mod", ["per_sample", "per_token", "per_feature", "table_view"])
-@pytest.mark.parametrize("hidden", [7, 2048, 4096])
+@pytest.mark.parametrize("hidden", [7, 2048, 4096, 65536])
 def test_norm_modulate(tk, norm, dtype, mod, hidden):
     B, S = 2, 37
     x = random_input((B, S, hidden), dtype)
@@ -185,6 +185,71 @@ def test_gated_add_norm_modulate(tk, norm, dtype, mod, hidden):
     assert_matches_eager(out, eager_out, mag, MODULATE_ULPS)
     h2, out2 = tk.gated_add_norm_modulate(x, y, gate, scale, shift, norm=norm, eps=EPS)
     assert torch.equal(h2, h) and torch.equal(out2, out)
+
+
+# ---- rows split across blocks ----
+# A few rows wider than 16 K columns are split into chunks of a block each (norm.cuh,
+# norm_split_chunks): a first kernel writes each chunk's statistics, a second combines them and
+# normalizes. Chunk boundaries, the row's tail in its last chunk, the scalar path and strided rows.
+
+SPLIT_HIDDEN = 3 * 8192 + 5  # three whole chunks, a partial one, and a tail of 5
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "strided", "misaligned"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_split_rows(tk, layout, dtype):
+    rows, hidden = 5, SPLIT_HIDDEN
+
+    def view(scale=2.0, offset=0.5):
+        if layout == "contiguous":
+            return random_input((rows, hidden), dtype, scale=scale, offset=offset)
+        big = random_input((rows, hidden + 24), dtype, scale=scale, offset=offset)
+        return big[:, 8:8 + hidden] if layout == "strided" else big[:, 1:1 + hidden]  # misaligned: scalar path
+
+    x, res = view(), view()
+    w = param(hidden, dtype)
+    b = param(hidden, dtype, lo=-0.5, hi=0.5)
+    out, h = tk.fused_add_rms_norm(x, res, w, EPS)
+    eager_out, eager_h = hf_fused_add_rms_norm(x, res, w, EPS)
+    assert torch.equal(h, eager_h)
+    assert_matches_eager(out, eager_out, eager_out.double().abs(), 4)
+    # in place: the second kernel reads h back from the residual the first one overwrote
+    x2, res2 = x.clone(), res.clone()
+    tk.fused_add_rms_norm_(x2, res2, w, EPS)
+    assert torch.equal(x2, out) and torch.equal(res2, h)
+
+    xl = view(scale=3.0, offset=2.0)
+    ln = tk.layer_norm(xl, w, b, 1e-5)
+    ref = float64_norm(xl, "layer", w, b, 1e-5)
+    magnitude = (float64_norm(xl, "layer", None, None, 1e-5).abs() + 1) * w.double().abs() + b.double().abs()
+    assert_within(ln, ref, magnitude, 1.5, "split layer_norm vs float64")
+
+    for norm in ("rms", "layer"):
+        scale, shift = modulation_shapes(rows, 1, hidden)["per_sample"](dtype)
+        xm = x.unsqueeze(1)
+        out_m = poisoned(xm.shape, dtype)
+        tk.norm_modulate(xm, scale, shift, norm=norm, eps=EPS, out=out_m)
+        assert_all_written(out_m)
+        ref_m, mag = modulate64(float64_norm(xm, norm, eps=EPS), scale, shift, norm)
+        assert_within(out_m, ref_m, mag, 4, f"split {norm} modulate vs float64")
+        gate = random_input((rows, 1, hidden), dtype, scale=0.3, offset=0.0)
+        h_g, out_g = tk.gated_add_norm_modulate(xm, res.unsqueeze(1), gate, scale, shift, norm=norm, eps=EPS)
+        eager_h_g, eager_out_g = ltx_gated_add_norm_modulate(xm, res.unsqueeze(1), gate, scale, shift, norm, eps=EPS)
+        assert torch.equal(h_g, eager_h_g)
+        _, mag_g = modulate64(float64_norm(h_g, norm, eps=EPS), scale, shift, norm)
+        assert_matches_eager(out_g, eager_out_g, mag_g, MODULATE_ULPS)
+
+
+def test_wide_rows_not_split_when_many(tk):
+    """Many wide rows keep a block per row (enough blocks for every SM): its re-read of the part
+    of a row past what the block holds in registers."""
+    x = random_input((600, 40000), torch.bfloat16)
+    w = param(40000, torch.bfloat16)
+    from reference.norms import hf_rms_norm
+
+    out = tk.rms_norm(x, w, EPS)
+    eager = hf_rms_norm(x, w, EPS)
+    assert_matches_eager(out, eager, eager.double().abs(), 4)
 
 
 def test_rms_norm_over_heads(tk):

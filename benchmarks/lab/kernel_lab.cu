@@ -165,7 +165,7 @@ std::vector<Case> make_cases() {
   }
   // Norms: plain and fused-add RMSNorm (LLM prefill), modulated and gated (LTX blocks).
   auto norm_case = [&](const std::string& name, int64_t batch, int64_t seq, int64_t c, PreAdd pre, bool mod,
-                       NormType type = NormType::kRms) {
+                       NormType type = NormType::kRms, bool split = false) {
     const int64_t rows = batch * seq;
     NormParams<bf16, bf16, bf16> p{};
     p.x = random_bf16(rows * c, 9), p.x_rows = rows_of(rows, c);
@@ -191,6 +191,11 @@ std::vector<Case> make_cases() {
       bytes += c;
     }
     p.num_rows = rows, p.hidden = c, p.eps = 1e-6f, p.round_normalized = true;
+    if (split) {  // as the binding does for a few very wide rows (norm_split_chunks)
+      p.split_chunks = static_cast<int>((c + kSplitChunkElems - 1) / kSplitChunkElems);
+      p.split_chunk_elems = kSplitChunkElems;
+      CHECK(cudaMalloc(&p.split_stats, sizeof(float) * rows * p.split_chunks * kChunkStatFloats));
+    }
     std::function<void()> launch;
     if (type == NormType::kLayer) {
       launch = [p] { CHECK((norm<NormType::kLayer, PreAdd::kNone, false>(p, 0))); };
@@ -208,6 +213,12 @@ std::vector<Case> make_cases() {
   norm_case("fused_add_rms_norm 16384x4096", 1, 16384, 4096, PreAdd::kResidual, false);
   norm_case("fused_add_rms_norm 2048x4096", 1, 2048, 4096, PreAdd::kResidual, false);
   norm_case("layer_norm 8192x4096", 1, 8192, 4096, PreAdd::kNone, false, NormType::kLayer);
+  norm_case("rms_norm 64x262144 whole rows", 1, 64, 262144, PreAdd::kNone, false);
+  norm_case("rms_norm 64x262144 split", 1, 64, 262144, PreAdd::kNone, false, NormType::kRms, true);
+  norm_case("layer_norm 64x262144 whole rows", 1, 64, 262144, PreAdd::kNone, false, NormType::kLayer);
+  norm_case("layer_norm 64x262144 split", 1, 64, 262144, PreAdd::kNone, false, NormType::kLayer, true);
+  norm_case("fused_add_rms_norm 16x65536 whole rows", 1, 16, 65536, PreAdd::kResidual, false);
+  norm_case("fused_add_rms_norm 16x65536 split", 1, 16, 65536, PreAdd::kResidual, false, NormType::kRms, true);
   norm_case("norm_modulate 2x8064x2048", 2, 8064, 2048, PreAdd::kNone, true);
   norm_case("norm_modulate 2x7392x4096", 2, 7392, 4096, PreAdd::kNone, true);
   norm_case("gated_add_norm_modulate 2x8064x2048", 2, 8064, 2048, PreAdd::kGated, true);

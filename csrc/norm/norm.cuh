@@ -28,6 +28,10 @@ namespace transformer_kernels {
 
 enum class NormType { kRms, kLayer };
 enum class PreAdd { kNone, kResidual, kGated };
+// Whole rows (one row group per row), or rows split into column chunks of a block each (a few very
+// wide rows would otherwise leave most SMs idle): the first kernel writes each chunk's statistics,
+// the second combines a row's statistics and normalizes its chunk.
+enum class NormPass { kWholeRow, kChunkStats, kChunkFromStats };
 
 template <typename T, typename weight_t, typename out_t>
 struct NormParams {
@@ -52,7 +56,25 @@ struct NormParams {
   float eps;
   // RMSNorm: round h * inv_rms to T before the weight multiply (HF transformers, diffusers).
   bool round_normalized = false;
+  // Split rows (norm_split_chunks > 1): each row's chunks of split_chunk_elems columns, and their
+  // statistics [num_rows, split_chunks, kChunkStatFloats] (count, sum of squares or mean, M2).
+  int split_chunks = 1;
+  int split_chunk_elems = 0;
+  float* split_stats = nullptr;
 };
+
+// When rows are split: rows wider than kSplitMinHidden (the issue's ~16 K) and fewer than two per
+// SM, in chunks of kSplitChunkElems columns (a multiple of every vector width).
+constexpr int64_t kSplitMinHidden = 16384;
+constexpr int kSplitChunkElems = 8192;
+constexpr int kChunkStatFloats = 3;
+static_assert(kSplitChunkElems % 8 == 0, "chunks start on a vector of every dtype");
+
+// Chunks per row (1: rows are not split). The caller allocates split_stats for them.
+inline int norm_split_chunks(int64_t num_rows, int64_t hidden, int sm_count) {
+  if (hidden <= kSplitMinHidden || num_rows >= 2 * static_cast<int64_t>(sm_count)) return 1;
+  return static_cast<int>((hidden + kSplitChunkElems - 1) / kSplitChunkElems);
+}
 
 namespace norm_detail {
 
@@ -89,26 +111,32 @@ constexpr int kSmallGroup = 4;
 // (bias for RMSNorm, h_out without a pre-add, the modulation): each costs registers, and fewer
 // registers keep more rows in flight per SM.
 template <typename T, typename weight_t, typename out_t, NormType kNorm, PreAdd kPre, bool kMod, int kVec,
-          int kThreadsPerRow>
+          int kThreadsPerRow, NormPass kPass = NormPass::kWholeRow>
 TK_DEVICE void norm_body(const NormParams<T, weight_t, out_t>& p) {
   using vec = vec_t<T, kVec>;
   constexpr int kCachedVecs = cached_vecs<kThreadsPerRow, kPre != PreAdd::kNone || kMod>();
+  constexpr bool kSplit = kPass != NormPass::kWholeRow;
+  static_assert(!kSplit || kThreadsPerRow == 0, "a split row's chunk takes a whole block");
   const RowGroup<kThreadsPerRow> group(p.num_rows);
   const int lane = group.lane, threads = group.threads;
-  const int64_t row = group.row;
+  const int64_t row = kSplit ? static_cast<int64_t>(blockIdx.y) : group.row;
   const unsigned lanes_with_rows = group.mask;
   // Whole row groups leave together (a block in block mode); shuffles then name only the lanes
   // of groups that have a row.
   if (row >= p.num_rows) return;
 
-  const T* x = p.x + p.x_rows.offset(row);
-  out_t* out = p.out + p.out_rows.offset(row);
-  const T* res = kPre != PreAdd::kNone ? p.residual + p.residual_rows.offset(row) : nullptr;
-  const T* gate = kPre == PreAdd::kGated ? p.gate + p.gate_rows.offset(row) : nullptr;
-  T* h_out = kPre != PreAdd::kNone && p.h_out != nullptr ? p.h_out + p.h_rows.offset(row) : nullptr;
+  // A split row's block works on columns [col0, col0 + hidden) as if they were a row of their own.
+  const int64_t col0 = kSplit ? static_cast<int64_t>(blockIdx.x) * p.split_chunk_elems : 0;
+  const T* x = p.x + p.x_rows.offset(row) + col0;
+  out_t* out = p.out + p.out_rows.offset(row) + col0;
+  const T* res = kPre != PreAdd::kNone ? p.residual + p.residual_rows.offset(row) + col0 : nullptr;
+  const T* gate = kPre == PreAdd::kGated ? p.gate + p.gate_rows.offset(row) + col0 : nullptr;
+  T* h_out = kPre != PreAdd::kNone && p.h_out != nullptr ? p.h_out + p.h_rows.offset(row) + col0 : nullptr;
   // Column indices are 32-bit (the binding caps a row below 2^31 elements): 64-bit ones cost two
   // or three integer instructions per address, and these kernels issue more integer than float work.
-  const int hidden = static_cast<int>(p.hidden);
+  const int hidden = kSplit ? static_cast<int>(p.hidden - col0 < p.split_chunk_elems ? p.hidden - col0
+                                                                                      : p.split_chunk_elems)
+                            : static_cast<int>(p.hidden);
   const int num_vecs = hidden / kVec;
   const int tail_col = num_vecs * kVec + lane;
   const bool has_tail = tail_col < hidden;  // the tail is < kVec <= 8 elements
@@ -144,14 +172,18 @@ TK_DEVICE void norm_body(const NormParams<T, weight_t, out_t>& p) {
   };
 
   // Pass 1: h (stored to h_out when asked), kept in registers, and its sum (or sum of squares).
+  // A chunk normalized from its row's statistics reads h back as stored by the first kernel.
+  constexpr bool kFromStats = kPass == NormPass::kChunkFromStats;
   vec cached[kCachedVecs];
 #pragma unroll
   for (int k = 0; k < kCachedVecs; ++k) {
     const int v = lane + k * threads;
-    if (v < num_vecs) cached[k] = load_h(v, false);
+    if (v < num_vecs) cached[k] = load_h(v, kFromStats);
   }
-  const float tail_h = has_tail ? h_scalar(tail_col) : 0.f;
-  if (h_out != nullptr) {
+  const float tail_h = !has_tail ? 0.f
+                       : kFromStats && h_out != nullptr ? to_float(h_out[tail_col])
+                                                        : h_scalar(tail_col);
+  if (!kFromStats && h_out != nullptr) {
 #pragma unroll
     for (int k = 0; k < kCachedVecs; ++k) {
       const int v = lane + k * threads;
@@ -169,17 +201,44 @@ TK_DEVICE void norm_body(const NormParams<T, weight_t, out_t>& p) {
       for (int i = 0; i < kVec; ++i) acc += stat_term(to_float(cached[k][i]));
     }
   }
-  for (int v = lane + kCachedVecs * threads; v < num_vecs; v += threads) {
+  for (int v = lane + kCachedVecs * threads; !kFromStats && v < num_vecs; v += threads) {
     const vec h = load_h(v, false);
     if (h_out != nullptr) h.store(h_out + v * kVec);
 #pragma unroll
     for (int i = 0; i < kVec; ++i) acc += stat_term(to_float(h[i]));
   }
-  acc = row_reduce_sum<kThreadsPerRow>(acc, lanes_with_rows);
+  if constexpr (!kFromStats) acc = row_reduce_sum<kThreadsPerRow>(acc, lanes_with_rows);
 
-  const float inv_n = 1.f / static_cast<float>(p.hidden);
+  // A chunk's statistics are over its own columns; the row's over all of them.
+  const float inv_n = 1.f / static_cast<float>(kPass == NormPass::kChunkStats ? hidden : p.hidden);
+  float* chunk_stats = kSplit ? p.split_stats + (row * p.split_chunks + blockIdx.x) * kChunkStatFloats : nullptr;
+  auto write_chunk_stats = [&](float sum_or_mean, float m2) {
+    if (threadIdx.x == 0) {
+      chunk_stats[0] = static_cast<float>(hidden);
+      chunk_stats[1] = sum_or_mean;
+      chunk_stats[2] = m2;
+    }
+  };
   float mean = 0.f, inv_std;
-  if constexpr (kNorm == NormType::kRms) {
+  if constexpr (kFromStats) {
+    // The row's statistics from its chunks', combined in chunk order (the same bits in every
+    // block): sums of squares added; LayerNorm's (count, mean, M2) by Chan et al.'s pairwise update.
+    const float* row_stats = p.split_stats + row * p.split_chunks * kChunkStatFloats;
+    float count = 0.f, total = 0.f, m2 = 0.f;
+    for (int c = 0; c < p.split_chunks; ++c) {
+      const float* s = row_stats + c * kChunkStatFloats;
+      if constexpr (kNorm == NormType::kRms) {
+        total += s[1];
+      } else {
+        const float n = count + s[0], delta = s[1] - mean;
+        mean += delta * (s[0] / n);
+        m2 += s[2] + delta * delta * (count * s[0] / n);
+        count = n;
+      }
+    }
+    inv_std = rsqrtf((kNorm == NormType::kRms ? total : m2) * inv_n + p.eps);
+  } else if constexpr (kNorm == NormType::kRms) {
+    if constexpr (kPass == NormPass::kChunkStats) return write_chunk_stats(acc, 0.f);
     inv_std = rsqrtf(acc * inv_n + p.eps);
   } else {
     // Pass 2 (LayerNorm): variance around the mean from the cached values, two-pass for accuracy.
@@ -207,12 +266,13 @@ TK_DEVICE void norm_body(const NormParams<T, weight_t, out_t>& p) {
     }
     if constexpr (kThreadsPerRow == 0) __syncthreads();  // block_reduce_sum's buffer is reused
     m2 = row_reduce_sum<kThreadsPerRow>(m2, lanes_with_rows);
+    if constexpr (kPass == NormPass::kChunkStats) return write_chunk_stats(mean, m2);
     inv_std = rsqrtf(m2 * inv_n + p.eps);
   }
 
   // Last pass: normalize, affine, modulation, store.
-  const T* scale = kMod ? p.scale + p.scale_rows.offset(row) : nullptr;
-  const T* shift = kMod && p.shift != nullptr ? p.shift + p.shift_rows.offset(row) : nullptr;
+  const T* scale = kMod ? p.scale + p.scale_rows.offset(row) + col0 : nullptr;
+  const T* shift = kMod && p.shift != nullptr ? p.shift + p.shift_rows.offset(row) + col0 : nullptr;
   // y: h on entry, the norm's output n (with its affine) on return, in fp32, for N values (a vector,
   // or the one-element tail). Each op rounds as the eager code does (no FMA across a rounding).
   auto normalize = [&](auto& y, const auto& w, const auto& b) {
@@ -250,8 +310,8 @@ TK_DEVICE void norm_body(const NormParams<T, weight_t, out_t>& p) {
   };
   auto load_params = [&](int v) {
     ColumnParams c;
-    if (p.weight != nullptr) c.w.load(p.weight + v * kVec);
-    if (kNorm == NormType::kLayer && p.bias != nullptr) c.b.load(p.bias + v * kVec);
+    if (p.weight != nullptr) c.w.load(p.weight + col0 + v * kVec);
+    if (kNorm == NormType::kLayer && p.bias != nullptr) c.b.load(p.bias + col0 + v * kVec);
     if constexpr (kMod) {
       c.s.load(scale + v * kVec);
       if (shift != nullptr) c.sh.load(shift + v * kVec);
@@ -298,8 +358,8 @@ TK_DEVICE void norm_body(const NormParams<T, weight_t, out_t>& p) {
   if (has_tail) {
     const int c = tail_col;
     float y[1] = {tail_h};
-    const float w[1] = {p.weight ? to_float(p.weight[c]) : 1.f};
-    const float b[1] = {kNorm == NormType::kLayer && p.bias ? to_float(p.bias[c]) : 0.f};
+    const float w[1] = {p.weight ? to_float(p.weight[col0 + c]) : 1.f};
+    const float b[1] = {kNorm == NormType::kLayer && p.bias ? to_float(p.bias[col0 + c]) : 0.f};
     vec_t<T, 1> s, sh;
     if constexpr (kMod) {
       s[0] = scale[c];
@@ -319,11 +379,21 @@ TK_DEVICE void norm_body(const NormParams<T, weight_t, out_t>& p) {
 #endif
 
 template <typename T, typename weight_t, typename out_t, NormType kNorm, PreAdd kPre, bool kMod, int kVec,
-          int kThreadsPerRow>
+          int kThreadsPerRow, NormPass kPass = NormPass::kWholeRow>
 constexpr auto norm_kernel() {
   constexpr int kCap = kNorm == NormType::kRms && kMod ? TK_MODULATED_RMS_REGISTER_CAP : kNoRegisterCap;
   return kernel_entry_for<kCap, NormParams<T, weight_t, out_t>,
-                          norm_body<T, weight_t, out_t, kNorm, kPre, kMod, kVec, kThreadsPerRow>>();
+                          norm_body<T, weight_t, out_t, kNorm, kPre, kMod, kVec, kThreadsPerRow, kPass>>();
+}
+
+// The most threads a block of kKernel may have (its register use), in whole warps, at most kMaxThreads.
+template <auto kKernel>
+int max_block_threads() {
+  static const int max_threads = [] {
+    cudaFuncAttributes attr{};
+    return cudaFuncGetAttributes(&attr, kKernel) == cudaSuccess ? attr.maxThreadsPerBlock : kThreadsPerBlock;
+  }();
+  return std::min(kMaxThreads, max_threads / kWarpSize * kWarpSize);
 }
 
 template <typename T, typename weight_t, typename out_t, NormType kNorm, PreAdd kPre, bool kMod, int kVec>
@@ -335,24 +405,28 @@ cudaError_t launch(const NormParams<T, weight_t, out_t>& p, cudaStream_t stream)
   auto grid_for = [&](int rows_per_block) {
     return dim3(static_cast<unsigned>((p.num_rows + rows_per_block - 1) / rows_per_block));
   };
-  if (num_vecs <= static_cast<int64_t>(kSmallGroup) * kGroupVecs) {
+  // Block mode: enough threads that each keeps at most kBlockCachedVecs vectors of a row of `vecs`,
+  // rounded to whole warps, within `limit` (wider rows re-read their remainder).
+  auto block_threads = [](int64_t vecs, int limit) {
+    const int64_t wanted = (vecs + kBlockVecs - 1) / kBlockVecs;
+    return static_cast<int>(std::min<int64_t>(limit, (wanted + kWarpSize - 1) / kWarpSize * kWarpSize));
+  };
+  if (p.split_chunks > 1) {
+    constexpr auto kStats = norm_kernel<T, weight_t, out_t, kNorm, kPre, kMod, kVec, 0, NormPass::kChunkStats>();
+    constexpr auto kFromStats = norm_kernel<T, weight_t, out_t, kNorm, kPre, kMod, kVec, 0, NormPass::kChunkFromStats>();
+    const int64_t chunk_vecs = p.split_chunk_elems / kVec;
+    const dim3 grid(static_cast<unsigned>(p.split_chunks), static_cast<unsigned>(p.num_rows));
+    kStats<<<grid, block_threads(chunk_vecs, max_block_threads<kStats>()), 0, stream>>>(p);
+    kFromStats<<<grid, block_threads(chunk_vecs, max_block_threads<kFromStats>()), 0, stream>>>(p);
+  } else if (num_vecs <= static_cast<int64_t>(kSmallGroup) * kGroupVecs) {
     norm_kernel<T, weight_t, out_t, kNorm, kPre, kMod, kVec, kSmallGroup>()
         <<<grid_for(kThreadsPerBlock / kSmallGroup), kThreadsPerBlock, 0, stream>>>(p);
   } else if (num_vecs <= static_cast<int64_t>(kWarpSize) * kGroupVecs) {
     norm_kernel<T, weight_t, out_t, kNorm, kPre, kMod, kVec, kWarpSize>()
         <<<grid_for(kThreadsPerBlock / kWarpSize), kThreadsPerBlock, 0, stream>>>(p);
   } else {
-    // Enough threads that each keeps at most kBlockCachedVecs vectors, rounded to whole warps, within
-    // what the kernel's register use allows per block (wider rows re-read their remainder).
-    auto kernel = norm_kernel<T, weight_t, out_t, kNorm, kPre, kMod, kVec, 0>();
-    static const int max_threads = [&] {
-      cudaFuncAttributes attr{};
-      return cudaFuncGetAttributes(&attr, kernel) == cudaSuccess ? attr.maxThreadsPerBlock : kThreadsPerBlock;
-    }();
-    const int64_t limit = std::min(kMaxThreads, max_threads / kWarpSize * kWarpSize);
-    const int64_t wanted = (num_vecs + kBlockVecs - 1) / kBlockVecs;
-    const int threads = static_cast<int>(std::min<int64_t>(limit, (wanted + kWarpSize - 1) / kWarpSize * kWarpSize));
-    kernel<<<grid_for(1), threads, 0, stream>>>(p);
+    constexpr auto kWholeRows = norm_kernel<T, weight_t, out_t, kNorm, kPre, kMod, kVec, 0>();
+    kWholeRows<<<grid_for(1), block_threads(num_vecs, max_block_threads<kWholeRows>()), 0, stream>>>(p);
   }
   return cudaGetLastError();
 }
@@ -374,10 +448,14 @@ bool vectorizable(const NormParams<T, W, O>& p, int vec) {
 }  // namespace norm_detail
 
 // Host launcher: 16-byte vectors when every pointer and row stride allows it, scalar otherwise.
-// kMod requires p.scale (p.shift optional); without kMod scale and shift are ignored.
+// kMod requires p.scale (p.shift optional); without kMod scale and shift are ignored. Split rows
+// (p.split_chunks > 1, from norm_split_chunks) need p.split_stats and two launches.
 template <NormType kNorm, PreAdd kPre, bool kMod, typename T, typename weight_t, typename out_t>
 cudaError_t norm(const NormParams<T, weight_t, out_t>& p, cudaStream_t stream) {
   if (p.num_rows == 0 || p.hidden == 0) return cudaSuccess;
+  if (p.split_chunks > 1 && (p.split_stats == nullptr || p.split_chunk_elems != kSplitChunkElems ||
+                             (p.hidden + p.split_chunk_elems - 1) / p.split_chunk_elems != p.split_chunks))
+    return cudaErrorInvalidValue;
   constexpr int kVec = vec_size<T>();
   return norm_detail::vectorizable(p, kVec)
              ? norm_detail::launch<T, weight_t, out_t, kNorm, kPre, kMod, kVec>(p, stream)

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/ops/empty.h>
 
 #include <type_traits>
 
@@ -47,6 +48,15 @@ void run(const NormCall& c) {
   p.hidden = x.size(-1);
   p.eps = static_cast<float>(c.eps);
   p.round_normalized = c.round_normalized;
+  // A few very wide rows are split across blocks, with a workspace for their chunks' statistics
+  // (freed after the launches: the caching allocator reuses it only for later work on this stream).
+  at::Tensor split_stats;
+  p.split_chunks = norm_split_chunks(p.num_rows, p.hidden, at::cuda::getCurrentDeviceProperties()->multiProcessorCount);
+  if (p.split_chunks > 1) {
+    split_stats = at::empty({p.num_rows * p.split_chunks * kChunkStatFloats}, x.options().dtype(at::kFloat));
+    p.split_stats = split_stats.data_ptr<float>();
+    p.split_chunk_elems = kSplitChunkElems;
+  }
   const cudaError_t err = norm<kNorm, kPre, kMod>(p, at::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, c.op, ": kernel launch failed: ", cudaGetErrorString(err));
 }
