@@ -138,6 +138,8 @@ def test_cpu_tensors_rejected_with_clear_error(tk):
         tk.rms_norm(torch.randn(2, 64), torch.ones(64))
     with pytest.raises(ValueError, match="x must be a CUDA tensor, got a tensor on cpu"):
         tk.rms_norm(torch.randn(2, 64), torch.ones(64), out=torch.empty(2, 64))
+    with pytest.raises(ValueError, match="act_mul: gate must be a CUDA tensor, got a tensor on cpu"):
+        tk.act_mul(torch.randn(2, 64), torch.randn(2, 64))
     with pytest.raises(ValueError, match="ltx_rope_from_coords: q must be a CUDA tensor, got a tensor on cpu"):
         tk.ltx_rotary_emb_from_coords(torch.randn(1, 4, 64), torch.randn(1, 4, 64), torch.rand(1, 4, 3),
                                       torch.rand(10))

@@ -137,8 +137,8 @@ void act_and_mul_out(at::Tensor& out, const at::Tensor& x, std::string_view act,
 namespace {
 ElementwiseCall act_mul_call(const at::Tensor& gate, const at::Tensor& up, std::string_view act, at::Tensor& out) {
   constexpr const char* op = "act_mul";
-  check_row_input(op, gate, "x");
-  check_same_as_x(op, up, "up", gate);
+  check_row_input(op, gate, "gate");
+  check_same_as_x(op, up, "up", gate, "gate");
   return {op, Elementwise::kActMul, resolve_activation(op, act), &gate, gate.const_data_ptr(),
           row_indexer(op, gate, "gate"), up.const_data_ptr(), row_indexer(op, up, "up"), nullptr, {}, &out,
           num_rows(gate), gate.size(-1)};
@@ -165,7 +165,8 @@ at::Tensor act_mul(const at::Tensor& gate, const at::Tensor& up, std::string_vie
 
 void act_mul_out(at::Tensor& out, const at::Tensor& gate, const at::Tensor& up, std::string_view act) {
   ElementwiseCall c = act_mul_call(gate, up, act, out);
-  check_output("act_mul", out, "out", gate, gate.sizes(), gate.scalar_type(), {{&gate, "gate"}, {&up, "up"}});
+  check_output("act_mul", out, "out", gate, gate.sizes(), gate.scalar_type(), {{&gate, "gate"}, {&up, "up"}},
+               "gate");
   launch(c);
 }
 

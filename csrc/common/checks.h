@@ -158,11 +158,14 @@ inline void check_broadcasts_to(const char* op, const at::Tensor& t, const char*
   check_last_dim_contiguous(op, t, name);
 }
 
-// A second operand like x: same device, dtype and shape, contiguous last dimension.
-inline void check_same_as_x(const char* op, const at::Tensor& t, const char* name, const at::Tensor& x) {
-  check_same_device(op, t, name, x, "x");
-  check_dtype(op, t, name, x.scalar_type(), "the dtype of x");
-  check_same_shape(op, t, name, x, "x");
+// A second operand like x: same device, dtype and shape, contiguous last dimension. `x_name`: what
+// the op calls x.
+inline void check_same_as_x(const char* op, const at::Tensor& t, const char* name, const at::Tensor& x,
+                            const char* x_name = "x") {
+  check_same_device(op, t, name, x, x_name);
+  TORCH_CHECK_TYPE(t.scalar_type() == x.scalar_type(), op, ": ", name, " must have dtype ", x.scalar_type(),
+                   " (the dtype of ", x_name, "), got ", t.scalar_type());
+  check_same_shape(op, t, name, x, x_name);
   check_last_dim_contiguous(op, t, name);
 }
 

@@ -70,10 +70,13 @@ constexpr int kSplitChunkElems = 8192;
 constexpr int kChunkStatFloats = 3;
 static_assert(kSplitChunkElems % 8 == 0, "chunks start on a vector of every dtype");
 
+// Chunks of kSplitChunkElems columns a row of `hidden` splits into.
+constexpr int norm_chunks(int64_t hidden) { return static_cast<int>((hidden + kSplitChunkElems - 1) / kSplitChunkElems); }
+
 // Chunks per row (1: rows are not split). The caller allocates split_stats for them.
 inline int norm_split_chunks(int64_t num_rows, int64_t hidden, int sm_count) {
   if (hidden <= kSplitMinHidden || num_rows >= 2 * static_cast<int64_t>(sm_count)) return 1;
-  return static_cast<int>((hidden + kSplitChunkElems - 1) / kSplitChunkElems);
+  return norm_chunks(hidden);
 }
 
 namespace norm_detail {
@@ -191,23 +194,26 @@ TK_DEVICE void norm_body(const NormParams<T, weight_t, out_t>& p) {
     }
     if (has_tail) h_out[tail_col] = from_float<T>(tail_h);
   }
+  // The sum (or sum of squares): not in a chunk normalized from its row's statistics.
   auto stat_term = [](float h) { return kNorm == NormType::kRms ? h * h : h; };
   float acc = has_tail ? stat_term(tail_h) : 0.f;
+  if constexpr (!kFromStats) {
 #pragma unroll
-  for (int k = 0; k < kCachedVecs; ++k) {
-    const int v = lane + k * threads;
-    if (v < num_vecs) {
+    for (int k = 0; k < kCachedVecs; ++k) {
+      const int v = lane + k * threads;
+      if (v < num_vecs) {
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) acc += stat_term(to_float(cached[k][i]));
+        for (int i = 0; i < kVec; ++i) acc += stat_term(to_float(cached[k][i]));
+      }
     }
-  }
-  for (int v = lane + kCachedVecs * threads; !kFromStats && v < num_vecs; v += threads) {
-    const vec h = load_h(v, false);
-    if (h_out != nullptr) h.store(h_out + v * kVec);
+    for (int v = lane + kCachedVecs * threads; v < num_vecs; v += threads) {
+      const vec h = load_h(v, false);
+      if (h_out != nullptr) h.store(h_out + v * kVec);
 #pragma unroll
-    for (int i = 0; i < kVec; ++i) acc += stat_term(to_float(h[i]));
+      for (int i = 0; i < kVec; ++i) acc += stat_term(to_float(h[i]));
+    }
+    acc = row_reduce_sum<kThreadsPerRow>(acc, lanes_with_rows);
   }
-  if constexpr (!kFromStats) acc = row_reduce_sum<kThreadsPerRow>(acc, lanes_with_rows);
 
   // A chunk's statistics are over its own columns; the row's over all of them.
   const float inv_n = 1.f / static_cast<float>(kPass == NormPass::kChunkStats ? hidden : p.hidden);
@@ -454,7 +460,7 @@ template <NormType kNorm, PreAdd kPre, bool kMod, typename T, typename weight_t,
 cudaError_t norm(const NormParams<T, weight_t, out_t>& p, cudaStream_t stream) {
   if (p.num_rows == 0 || p.hidden == 0) return cudaSuccess;
   if (p.split_chunks > 1 && (p.split_stats == nullptr || p.split_chunk_elems != kSplitChunkElems ||
-                             (p.hidden + p.split_chunk_elems - 1) / p.split_chunk_elems != p.split_chunks))
+                             norm_chunks(p.hidden) != p.split_chunks))
     return cudaErrorInvalidValue;
   constexpr int kVec = vec_size<T>();
   return norm_detail::vectorizable(p, kVec)
