@@ -3,6 +3,9 @@
 # parallel, sm of the GPU present), runs each in turn and prints one table per variant.
 #   scripts/gpu_lab.sh OUT_FILE "name=FLAGS" ["name=FLAGS" ...] [-- case-substring ...]
 #   e.g. scripts/gpu_lab.sh $OUT/lab.txt "default=" "fused2=-DTK_FUSED_CACHED_VECS=2" -- norm_modulate
+# LAB_READ_FLUSH=1 runs the first variant a second time with L2 flushed by reading (LAB_FLUSH=read).
+# LAB_NCU_CASES="case ..." profiles those cases of the first variant with Nsight Compute (stall
+# reasons, pipes, memory), one line per section into OUT_FILE.ncu.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT_FILE="$1"; shift
@@ -24,5 +27,21 @@ wait
     echo "## $name ($flags)"
     if [ -x "$BIN/$name" ]; then "$BIN/$name" "$@"; else grep -m5 error "$BIN/$name.ptxas"; fi
   done
+  first="${VARIANTS[0]%%=*}"
+  if [ "${LAB_READ_FLUSH:-0}" = 1 ] && [ -x "$BIN/$first" ]; then
+    echo "## $first, L2 flushed by reading"
+    LAB_FLUSH=read "$BIN/$first" "$@"
+  fi
 } | tee "$OUT_FILE"
+if [ -n "${LAB_NCU_CASES:-}" ] && [ -x "$BIN/$first" ]; then
+  NCU="$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)"
+  # Each case runs a warm-up and 25 timed launches: profile the first timed one.
+  for c in $LAB_NCU_CASES; do
+    echo "## ncu: $c"
+    "$NCU" --clock-control none --kernel-name-base mangled --kernel-name regex:"_body" --launch-skip 1 --launch-count 1 \
+      --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+      --section SchedulerStats --section MemoryWorkloadAnalysis --section InstructionStats \
+      "$BIN/$first" "$c" 2>&1 | grep -v "^==PROF==" | tail -150
+  done > "$OUT_FILE.ncu.txt"
+fi
 rm -rf "$BIN"

@@ -68,11 +68,39 @@ T* device_buffer(size_t n, void (*fill)(T*, size_t, Arg), Arg arg, unsigned grid
 bf16* random_bf16(size_t n, uint32_t seed) { return device_buffer(n, fill_kernel, seed, 1024); }
 float* ramp_float(size_t n, float scale) { return device_buffer(n, fill_float_kernel, scale, 256); }
 
-// Median device time (µs) of `launch`, each run after overwriting an L2-sized buffer.
+// Reads n 16-byte words: evicts L2 like the memset flush but leaves its lines clean.
+__global__ void read_flush_kernel(const uint4* p, size_t n, unsigned* sink) {
+  unsigned acc = 0;
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
+    const uint4 v = p[i];
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x9e3779b9u) *sink = acc;  // the buffer is zeros: never taken, but keeps the loads
+}
+
+// LAB_FLUSH=read flushes L2 by reading instead of writing (the default, as triton's do_bench
+// does): a diagnostic of what the memset's dirty lines, written back during the timed kernel, cost.
+bool read_flush() {
+  const char* v = std::getenv("LAB_FLUSH");
+  return v != nullptr && std::strcmp(v, "read") == 0;
+}
+
+void flush_l2(void* buffer) {
+  if (read_flush()) {
+    read_flush_kernel<<<1024, 256>>>(static_cast<const uint4*>(buffer), kFlushBytes / sizeof(uint4),
+                                     static_cast<unsigned*>(buffer));
+    CHECK(cudaGetLastError());
+  } else {
+    CHECK(cudaMemsetAsync(buffer, 0, kFlushBytes));
+  }
+}
+
+// Median device time (µs) of `launch`, each run after flushing L2 with a 256 MB buffer.
 double time_us(const std::function<void()>& launch) {
   static void* flush = [] {
     void* p;
     CHECK(cudaMalloc(&p, kFlushBytes));
+    CHECK(cudaMemset(p, 0, kFlushBytes));
     return p;
   }();
   cudaEvent_t start, stop;
@@ -82,7 +110,7 @@ double time_us(const std::function<void()>& launch) {
   CHECK(cudaGetLastError());
   std::vector<float> ms(kReps);
   for (float& t : ms) {
-    CHECK(cudaMemsetAsync(flush, 0, kFlushBytes));
+    flush_l2(flush);
     CHECK(cudaEventRecord(start));
     launch();
     CHECK(cudaEventRecord(stop));
@@ -254,6 +282,13 @@ std::vector<Case> make_cases() {
                        CHECK((rope<RopeStyle::kInterleaved, true, CosSinSource::kLtxCoords>(rp, 0)));
                      }});
 
+    RopeParams<bf16, float> tr = rp;  // diffusers' fp32 tables [B, S, C], read once for q and k
+    tr.cos = ramp_float(tokens * c, 1.f), tr.sin = ramp_float(tokens * c, 1.f);
+    tr.table_b = seq * c, tr.table_s = c;
+    cases.push_back({"ltx_rope tables 2x8064x2048", qk_bytes + 2.0 * tokens * c * sizeof(float), [tr] {
+                       CHECK((rope<RopeStyle::kInterleaved, true, CosSinSource::kTables>(tr, 0)));
+                     }});
+
     QkNormRopeParams<bf16, bf16, float> np{};
     np.qk = qk, np.q_weight = random_bf16(c, 21), np.k_weight = random_bf16(c, 22);
     np.coords = coords, np.width = static_cast<int>(c), np.eps = 1e-5f;
@@ -302,6 +337,54 @@ std::vector<Case> make_cases() {
                        CHECK((qk_norm_rope<QkNormRopeForm::kTransformers, CosSinSource::kTables>(np, 0)));
                      }});
   }
+  // Flux's RoPE: q, k [1, 4608, 24, 128] (diffusers' [B, S, H, d] memory), interleaved pairs, fp32
+  // tables [S, d] shared by every head, in place.
+  {
+    const int64_t seq = 4608, heads = 24, d = 128;
+    QkRows<bf16> qk{};
+    qk.q = qk.q_out = random_bf16(seq * heads * d, 30);
+    qk.k = qk.k_out = random_bf16(seq * heads * d, 31);
+    qk.q_strides = qk.k_strides = qk.q_out_strides = qk.k_out_strides = HeadStrides{seq * heads * d, heads * d, d};
+    qk.batch = 1, qk.seq = seq, qk.num_q_heads = qk.num_k_heads = static_cast<int>(heads);
+#ifndef LAB_SLOW_DIVISION
+    qk = qk.with_fast_divisors();
+#endif
+    RopeParams<bf16, float> rp{};
+    rp.qk = qk, rp.cos = ramp_float(seq * d, 1.f), rp.sin = ramp_float(seq * d, 1.f);
+    rp.table_b = 0, rp.table_s = d, rp.head_dim = rp.rotary_dim = static_cast<int>(d);
+    rp.copy_pass_through = false;
+    const double bytes = 4.0 * seq * heads * d * kBf16 + 2.0 * seq * d * sizeof(float);
+    cases.push_back({"flux_rope 1x4608x24x128", bytes, [rp] {
+                       CHECK((rope<RopeStyle::kInterleaved, true, CosSinSource::kTables>(rp, 0)));
+                     }});
+  }
+  // vLLM's rotary_embedding: 16384 tokens, q [T, 32 x 128], k [T, 8 x 128] in place, NeoX pairs,
+  // a bf16 cos_sin_cache [8192, 128] indexed by positions.
+  {
+    const int64_t tokens = 16384, hq = 32, hk = 8, d = 128, max_pos = 8192;
+    QkRows<bf16> qk{};
+    qk.q = qk.q_out = random_bf16(tokens * hq * d, 32);
+    qk.k = qk.k_out = random_bf16(tokens * hk * d, 33);
+    qk.q_strides = qk.q_out_strides = HeadStrides{tokens * hq * d, hq * d, d};
+    qk.k_strides = qk.k_out_strides = HeadStrides{tokens * hk * d, hk * d, d};
+    qk.batch = 1, qk.seq = tokens, qk.num_q_heads = static_cast<int>(hq), qk.num_k_heads = static_cast<int>(hk);
+#ifndef LAB_SLOW_DIVISION
+    qk = qk.with_fast_divisors();
+#endif
+    std::vector<int64_t> host_positions(tokens);
+    for (int64_t t = 0; t < tokens; ++t) host_positions[t] = (t * 7919) % max_pos;  // non-monotonic
+    int64_t* positions;
+    CHECK(cudaMalloc(&positions, tokens * sizeof(int64_t)));
+    CHECK(cudaMemcpy(positions, host_positions.data(), tokens * sizeof(int64_t), cudaMemcpyHostToDevice));
+    RopeParams<bf16, bf16> rp{};
+    rp.qk = qk, rp.cos = random_bf16(max_pos * d, 34), rp.positions = positions, rp.max_position = max_pos;
+    rp.table_s = d, rp.head_dim = rp.rotary_dim = static_cast<int>(d);
+    rp.copy_pass_through = false;
+    const double bytes = 2.0 * tokens * (hq + hk) * d * kBf16 + tokens * (sizeof(int64_t) + d * kBf16);
+    cases.push_back({"vllm_rope cache 16384 tokens q32 k8 d128", bytes, [rp] {
+                       CHECK((rope<RopeStyle::kNeox, false, CosSinSource::kCache>(rp, 0)));
+                     }});
+  }
   return cases;
 }
 
@@ -319,7 +402,7 @@ int main(int argc, char** argv) {
   CHECK(cudaMalloc(&dst, copy_bytes));
   const double copy_us = time_us([&] { CHECK(cudaMemcpyAsync(dst, src, copy_bytes, cudaMemcpyDeviceToDevice)); });
   const double copy_gbps = 2.0 * copy_bytes / copy_us * 1e-3;
-  std::printf("# %s, copy %.0f GB/s\n", prop.name, copy_gbps);
+  std::printf("# %s, copy %.0f GB/s, L2 flushed by %s\n", prop.name, copy_gbps, read_flush() ? "reading" : "a memset");
   for (const Case& c : cases) {
     bool wanted = argc == 1;
     for (int i = 1; i < argc; ++i) wanted |= c.name.find(argv[i]) != std::string::npos;

@@ -94,6 +94,19 @@ struct QkRows {
     out = (is_q ? q_out : k_out) + b * o.b + s * o.s + h * o.h;
   }
 
+  // Row `row`'s token (b, s) and head. The fast and slow paths stay apart, so that the compiler
+  // drops token_at's 64-bit division from the fast one (merged, they cost the HF kernel 10 registers).
+  TK_DEVICE void token_and_head(int64_t row, int64_t& b, int64_t& s, int& head) const {
+    if (fast) {
+      const uint32_t r = static_cast<uint32_t>(row), token = heads_divisor.div(r);
+      token_at(token, b, s);
+      head = static_cast<int>(r - token * heads_divisor.divisor);
+      return;
+    }
+    token_at(row / heads(), b, s);
+    head = static_cast<int>(row % heads());
+  }
+
   // Row `row`'s token (b, s), its input x and its output.
   TK_DEVICE void locate(int64_t row, int64_t& b, int64_t& s, const T*& x, T*& out) const {
     if (fast) {
@@ -164,12 +177,39 @@ struct LtxCoords {
 
 // Rows that share one computation of cos/sin: LTX's coordinate form takes q's and k's row of a
 // token together (TK_LTX_COORDS_ROWS=1 gives each row its own, for an A/B); otherwise one row.
+// (The fused q/k norm + RoPE kernel; rope() below groups the heads of the table forms itself.)
 #ifndef TK_LTX_COORDS_ROWS
 #define TK_LTX_COORDS_ROWS 2
 #endif
 static_assert(TK_LTX_COORDS_ROWS == 1 || TK_LTX_COORDS_ROWS == 2, "TK_LTX_COORDS_ROWS must be 1 or 2");
 TK_HOST_DEVICE constexpr int rows_per_group(CosSinSource source) {
   return source == CosSinSource::kLtxCoords ? TK_LTX_COORDS_ROWS : 1;
+}
+
+// Vector steps of a row one thread takes at a time, all loads first: the coordinate form reads only
+// q and k, 32 bytes a step, and then computes its sines for a while (TK_LTX_COORDS_STEPS).
+#ifndef TK_LTX_COORDS_STEPS  // tuning knob for the kernel lab
+#define TK_LTX_COORDS_STEPS 1
+#endif
+TK_HOST_DEVICE constexpr int steps_per_thread(CosSinSource source) {
+  return source == CosSinSource::kLtxCoords ? TK_LTX_COORDS_STEPS : 1;
+}
+
+// At most this many consecutive heads of a token in one thread group of rope()'s table and cache
+// forms: the token's cos/sin are loaded once for all of them instead of once per head (a power of
+// two; the group takes the largest that divides the heads).
+#ifndef TK_ROPE_GROUP_ROWS  // tuning knob for the kernel lab
+#define TK_ROPE_GROUP_ROWS 4
+#endif
+static_assert(TK_ROPE_GROUP_ROWS == 1 || TK_ROPE_GROUP_ROWS == 2 || TK_ROPE_GROUP_ROWS == 4 || TK_ROPE_GROUP_ROWS == 8,
+              "TK_ROPE_GROUP_ROWS must be 1, 2, 4 or 8");
+
+// Heads per group for `heads` heads a token (q's and k's together): the largest power of two up
+// to TK_ROPE_GROUP_ROWS that divides them, so that a group never spans two tokens.
+inline int rope_group_rows(int heads) {
+  int rows = TK_ROPE_GROUP_ROWS;
+  while (rows > 1 && heads % rows != 0) rows /= 2;
+  return rows;
 }
 
 template <typename T, typename table_t>
@@ -274,14 +314,14 @@ TK_DEVICE void store_pairs(T* row, int j0, int num_pairs, const T (&y1)[kPairs],
   }
 }
 
-// One thread handles kPairs pairs per step of each of its group's kRows rows: one (token, head)
-// of q or k, or (coordinate form) q's and k's row of a token, which share the cos/sin computed.
-template <typename T, typename table_t, RopeStyle kStyle, bool kFp32Math, int kPairs, CosSinSource kSource>
+// One thread handles kPairs pairs per step of each of its group's kRows rows: kRows consecutive
+// heads of one token (q's heads, then k's), which share the token's cos/sin. In the coordinate
+// form the group is q's and k's row of a token (the ops take [B, S, C]: one head each).
+template <typename T, typename table_t, RopeStyle kStyle, bool kFp32Math, int kPairs, CosSinSource kSource, int kRows>
 TK_DEVICE void rope_body(const RopeParams<T, table_t>& p) {
   constexpr bool kCache = kSource == CosSinSource::kCache;
   constexpr bool kCoords = kSource == CosSinSource::kLtxCoords;
   static_assert(!kCoords || (kStyle == RopeStyle::kInterleaved && kFp32Math), "LTX rotates interleaved pairs in fp32");
-  constexpr int kRows = rows_per_group(kSource);  // 2: q and k one row each per token (the ops take [B, S, C])
   const int threads = 1 << p.log2_threads_per_row;
   const int lane = threadIdx.x & (threads - 1);
   const int64_t group = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> p.log2_threads_per_row) +
@@ -293,9 +333,14 @@ TK_DEVICE void rope_body(const RopeParams<T, table_t>& p) {
   if constexpr (kRows == 1) {
     p.qk.locate(group, b, s, x[0], out[0]);
   } else {
-    p.qk.token_at(group, b, s);
+    int head0 = 0;
+    if constexpr (kCoords) {
+      p.qk.token_at(group, b, s);  // one head each for q and k: the group is the token
+    } else {
+      p.qk.token_and_head(group * kRows, b, s, head0);
+    }
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) p.qk.head_at(b, s, r, x[r], out[r]);
+    for (int r = 0; r < kRows; ++r) p.qk.head_at(b, s, head0 + r, x[r], out[r]);
   }
   const int num_pairs = p.rotary_dim / 2;
   const table_t* cos = nullptr;
@@ -325,8 +370,10 @@ TK_DEVICE void rope_body(const RopeParams<T, table_t>& p) {
   // transformers' form with tables in the model dtype, NeoX pairs: rotated_*_rn on the raw vectors.
   constexpr bool kPackedNeox = !kFp32Math && kSource == CosSinSource::kTables && kStyle == RopeStyle::kNeox &&
                                kPairs > 1 && std::is_same_v<table_t, T>;
-  for (int j0 = lane * kPairs; j0 < num_pairs; j0 += threads * kPairs) {
+  constexpr int kSteps = steps_per_thread(kSource);
+  for (int j_first = lane * kPairs; j_first < num_pairs; j_first += threads * kPairs * kSteps) {
     if constexpr (kPackedNeox) {
+      const int j0 = j_first;
       using pairs = vec_t<T, kPairs>;
       pairs x1[kRows], x2[kRows], c1, c2, s1, s2;
 #pragma unroll
@@ -338,34 +385,51 @@ TK_DEVICE void rope_body(const RopeParams<T, table_t>& p) {
         rotated_second_rn(x1[r], x2[r], c2, s2).store(out[r] + (j0 + num_pairs));
       }
     } else {
-      float c1[kPairs], c2[kPairs], s1[kPairs], s2[kPairs];
+      // Every step's x is loaded before any math or store: kSteps * kRows loads in flight.
+      auto step_j0 = [&](int u) { return j_first + u * threads * kPairs; };
+      auto has_step = [&](int u) { return u == 0 || step_j0(u) < num_pairs; };
+      float c1[kSteps][kPairs], c2[kSteps][kPairs], s1[kSteps][kPairs], s2[kSteps][kPairs];
       if constexpr (kCache) {  // the cache row before x (40 registers, not 48)
-        if constexpr (kPairs == 1) {
-          c1[0] = to_float(cos[j0]), s1[0] = to_float(sin[j0]);
-        } else {
-          vec_t<table_t, kPairs> cv, sv;
-          cv.load(cos + j0);
-          sv.load(sin + j0);
-          cv.cast_to(c1);
-          sv.cast_to(s1);
+#pragma unroll
+        for (int u = 0; u < kSteps; ++u) {
+          if (!has_step(u)) continue;
+          const int j0 = step_j0(u);
+          if constexpr (kPairs == 1) {
+            c1[u][0] = to_float(cos[j0]), s1[u][0] = to_float(sin[j0]);
+          } else {
+            vec_t<table_t, kPairs> cv, sv;
+            cv.load(cos + j0);
+            sv.load(sin + j0);
+            cv.cast_to(c1[u]);
+            sv.cast_to(s1[u]);
+          }
+          share_pairs(c1[u], c2[u], s1[u], s2[u]);
         }
-        share_pairs(c1, c2, s1, s2);
       }
-      float x1[kRows][kPairs], x2[kRows][kPairs];
+      float x1[kSteps][kRows][kPairs], x2[kSteps][kRows][kPairs];
 #pragma unroll
-      for (int r = 0; r < kRows; ++r) load_pairs<kStyle, kPairs>(x[r], j0, num_pairs, x1[r], x2[r]);
-      if constexpr (kCoords) {  // after x's loads: the math hides their latency
-        p.coords.cos_sin(g, j0, c1, s1);
-        share_pairs(c1, c2, s1, s2);
-      } else if constexpr (!kCache) {
-        load_pairs<kStyle, kPairs>(cos, j0, num_pairs, c1, c2);
-        load_pairs<kStyle, kPairs>(sin, j0, num_pairs, s1, s2);
+      for (int u = 0; u < kSteps; ++u) {
+        if (!has_step(u)) continue;
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) load_pairs<kStyle, kPairs>(x[r], step_j0(u), num_pairs, x1[u][r], x2[u][r]);
       }
 #pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        T y1[kPairs], y2[kPairs];
-        rotate_pairs<T, kFp32Math>(x1[r], x2[r], c1, c2, s1, s2, y1, y2);
-        store_pairs<kStyle, kPairs>(out[r], j0, num_pairs, y1, y2);
+      for (int u = 0; u < kSteps; ++u) {
+        if (!has_step(u)) continue;
+        const int j0 = step_j0(u);
+        if constexpr (kCoords) {  // after x's loads: the math hides their latency
+          p.coords.cos_sin(g, j0, c1[u], s1[u]);
+          share_pairs(c1[u], c2[u], s1[u], s2[u]);
+        } else if constexpr (!kCache) {
+          load_pairs<kStyle, kPairs>(cos, j0, num_pairs, c1[u], c2[u]);
+          load_pairs<kStyle, kPairs>(sin, j0, num_pairs, s1[u], s2[u]);
+        }
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+          T y1[kPairs], y2[kPairs];
+          rotate_pairs<T, kFp32Math>(x1[u][r], x2[u][r], c1[u], c2[u], s1[u], s2[u], y1, y2);
+          store_pairs<kStyle, kPairs>(out[r], j0, num_pairs, y1, y2);
+        }
       }
     }
   }
@@ -382,10 +446,19 @@ TK_DEVICE void rope_body(const RopeParams<T, table_t>& p) {
 #define TK_LTX_COORDS_REGISTER_CAP 48
 #endif
 
-template <typename T, typename table_t, RopeStyle kStyle, bool kFp32Math, int kPairs, CosSinSource kSource>
+template <typename T, typename table_t, RopeStyle kStyle, bool kFp32Math, int kPairs, CosSinSource kSource, int kRows>
 constexpr auto rope_kernel() {
   constexpr int kCap = kSource == CosSinSource::kLtxCoords ? TK_LTX_COORDS_REGISTER_CAP : kNoRegisterCap;
-  return kernel_entry_for<kCap, RopeParams<T, table_t>, rope_body<T, table_t, kStyle, kFp32Math, kPairs, kSource>>();
+  return kernel_entry_for<kCap, RopeParams<T, table_t>, rope_body<T, table_t, kStyle, kFp32Math, kPairs, kSource, kRows>>();
+}
+
+// Launches the vector kernel with kRows heads per group for `rows` (a power of two <= kRows).
+template <typename T, typename table_t, RopeStyle kStyle, bool kFp32Math, int kPairs, CosSinSource kSource, int kRows>
+void launch_group_rows(int rows, dim3 grid, const RopeParams<T, table_t>& p, cudaStream_t stream) {
+  if constexpr (kRows > 1) {
+    if (rows < kRows) return launch_group_rows<T, table_t, kStyle, kFp32Math, kPairs, kSource, kRows / 2>(rows, grid, p, stream);
+  }
+  rope_kernel<T, table_t, kStyle, kFp32Math, kPairs, kSource, kRows>()<<<grid, kThreadsPerBlock, 0, stream>>>(p);
 }
 
 }  // namespace rope_detail
@@ -395,8 +468,7 @@ constexpr auto rope_kernel() {
 template <RopeStyle kStyle, bool kFp32Math, CosSinSource kSource, typename T, typename table_t>
 cudaError_t rope(RopeParams<T, table_t> p, cudaStream_t stream) {
   constexpr bool kTables = kSource != CosSinSource::kLtxCoords;
-  const int64_t groups = p.qk.num_rows() / rows_per_group(kSource);
-  if (groups == 0 || p.head_dim == 0) return cudaSuccess;
+  if (p.qk.num_rows() == 0 || p.head_dim == 0) return cudaSuccess;
   // Pairs per vector step: 16 bytes of x per load (NeoX loads both halves, interleaved one vector
   // holding both elements of each pair).
   constexpr int kVecPairs = kStyle == RopeStyle::kNeox ? vec_size<T>() : vec_size<T>() / 2;
@@ -409,19 +481,35 @@ cudaError_t rope(RopeParams<T, table_t> p, cudaStream_t stream) {
                                            (kSource != CosSinSource::kCache || num_pairs % kVecElems == 0));
   const bool vectorizable = num_pairs % kVecPairs == 0 && p.qk.template aligned<kVecElems>() && tables_aligned;
   const int pairs_per_step = vectorizable ? kVecPairs : 1;
+  // Rows per thread group: the coordinate form's q and k; the table forms' heads sharing cos/sin
+  // on the vector path (the scalar path, for misaligned views, keeps one).
+  constexpr int kCoordsRows = rows_per_group(CosSinSource::kLtxCoords);
+  const int group_rows = !kTables ? kCoordsRows : (vectorizable ? rope_group_rows(p.qk.heads()) : 1);
+  const int64_t groups = p.qk.num_rows() / group_rows;
   // Threads per row: a power of two covering the row's steps (at least one), at most a block.
-  const int steps = (num_pairs + pairs_per_step - 1) / pairs_per_step;
+  constexpr int kThreadSteps = steps_per_thread(kSource);
+  const int steps = (num_pairs + pairs_per_step * kThreadSteps - 1) / (pairs_per_step * kThreadSteps);
   int log2 = 0;
   while ((1 << log2) < steps && (1 << log2) < rope_detail::kThreadsPerBlock) ++log2;
   p.log2_threads_per_row = log2;
   const int64_t groups_per_block = rope_detail::kThreadsPerBlock >> log2;
   const dim3 grid(static_cast<unsigned>((groups + groups_per_block - 1) / groups_per_block));
-  if (vectorizable) {
-    rope_detail::rope_kernel<T, table_t, kStyle, kFp32Math, kVecPairs, kSource>()
-        <<<grid, rope_detail::kThreadsPerBlock, 0, stream>>>(p);
+  if constexpr (!kTables) {
+    if (vectorizable) {
+      rope_detail::rope_kernel<T, table_t, kStyle, kFp32Math, kVecPairs, kSource, kCoordsRows>()
+          <<<grid, rope_detail::kThreadsPerBlock, 0, stream>>>(p);
+    } else {
+      rope_detail::rope_kernel<T, table_t, kStyle, kFp32Math, 1, kSource, kCoordsRows>()
+          <<<grid, rope_detail::kThreadsPerBlock, 0, stream>>>(p);
+    }
   } else {
-    rope_detail::rope_kernel<T, table_t, kStyle, kFp32Math, 1, kSource>()
-        <<<grid, rope_detail::kThreadsPerBlock, 0, stream>>>(p);
+    if (vectorizable) {
+      rope_detail::launch_group_rows<T, table_t, kStyle, kFp32Math, kVecPairs, kSource, TK_ROPE_GROUP_ROWS>(
+          group_rows, grid, p, stream);
+    } else {
+      rope_detail::rope_kernel<T, table_t, kStyle, kFp32Math, 1, kSource, 1>()
+          <<<grid, rope_detail::kThreadsPerBlock, 0, stream>>>(p);
+    }
   }
   return cudaGetLastError();
 }
