@@ -3,7 +3,7 @@
 # parallel, sm of the GPU present), runs each in turn and prints one table per variant.
 #   scripts/gpu_lab.sh OUT_FILE "name=FLAGS" ["name=FLAGS" ...] [-- case-substring ...]
 #   e.g. scripts/gpu_lab.sh $OUT/lab.txt "default=" "fused2=-DTK_FUSED_CACHED_VECS=2" -- norm_modulate
-# LAB_READ_FLUSH=1 runs the first variant a second time with L2 flushed by reading (LAB_FLUSH=read).
+# LAB_READ_FLUSH="name ..." runs those variants a second time with L2 flushed by reading (LAB_FLUSH=read).
 # LAB_NCU_CASES="case ..." profiles those cases of the first variant with Nsight Compute (stall
 # reasons, pipes, memory), one line per section into OUT_FILE.ncu.txt.
 set -uo pipefail
@@ -21,17 +21,18 @@ for v in "${VARIANTS[@]}"; do
     benchmarks/lab/kernel_lab.cu -o "$BIN/$name" > "$BIN/$name.ptxas" 2>&1 &
 done
 wait
+first="${VARIANTS[0]%%=*}"
 {
   for v in "${VARIANTS[@]}"; do
     name="${v%%=*}"; flags="${v#*=}"
     echo "## $name ($flags)"
     if [ -x "$BIN/$name" ]; then "$BIN/$name" "$@"; else grep -m5 error "$BIN/$name.ptxas"; fi
   done
-  first="${VARIANTS[0]%%=*}"
-  if [ "${LAB_READ_FLUSH:-0}" = 1 ] && [ -x "$BIN/$first" ]; then
-    echo "## $first, L2 flushed by reading"
-    LAB_FLUSH=read "$BIN/$first" "$@"
-  fi
+  for name in ${LAB_READ_FLUSH:-}; do
+    [ -x "$BIN/$name" ] || continue
+    echo "## $name, L2 flushed by reading"
+    LAB_FLUSH=read "$BIN/$name" "$@"
+  done
 } | tee "$OUT_FILE"
 if [ -n "${LAB_NCU_CASES:-}" ] && [ -x "$BIN/$first" ]; then
   NCU="$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)"

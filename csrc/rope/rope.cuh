@@ -195,11 +195,14 @@ TK_HOST_DEVICE constexpr int steps_per_thread(CosSinSource source) {
   return source == CosSinSource::kLtxCoords ? TK_LTX_COORDS_STEPS : 1;
 }
 
-// At most this many consecutive heads of a token in one thread group of rope()'s table and cache
-// forms: the token's cos/sin are loaded once for all of them instead of once per head (a power of
-// two; the group takes the largest that divides the heads).
+// At most this many consecutive heads of a token in one thread group of rope()'s table form: the
+// token's cos/sin are loaded once for all of them instead of once per head (a power of two; the
+// group takes the largest that divides the heads). Kernel lab (H200, bf16), 1 / 2 / 4 heads:
+// LTX tables 93.2 / 99.3 / 99.2 % of copy, Flux 74.8 / 79.8 / 75.9 %, HF 94.0 / 94.2 / 93.9 %
+// (60 and 96 registers against 36 for the interleaved kernel). vLLM's cache form lost (89.1 /
+// 77.9 / 84.5 %: 40 -> 78 / 127 registers for a 256-byte row read from L1), so it keeps one.
 #ifndef TK_ROPE_GROUP_ROWS  // tuning knob for the kernel lab
-#define TK_ROPE_GROUP_ROWS 4
+#define TK_ROPE_GROUP_ROWS 2
 #endif
 static_assert(TK_ROPE_GROUP_ROWS == 1 || TK_ROPE_GROUP_ROWS == 2 || TK_ROPE_GROUP_ROWS == 4 || TK_ROPE_GROUP_ROWS == 8,
               "TK_ROPE_GROUP_ROWS must be 1, 2, 4 or 8");
@@ -481,10 +484,11 @@ cudaError_t rope(RopeParams<T, table_t> p, cudaStream_t stream) {
                                            (kSource != CosSinSource::kCache || num_pairs % kVecElems == 0));
   const bool vectorizable = num_pairs % kVecPairs == 0 && p.qk.template aligned<kVecElems>() && tables_aligned;
   const int pairs_per_step = vectorizable ? kVecPairs : 1;
-  // Rows per thread group: the coordinate form's q and k; the table forms' heads sharing cos/sin
-  // on the vector path (the scalar path, for misaligned views, keeps one).
+  // Rows per thread group: the coordinate form's q and k; the table form's heads sharing cos/sin
+  // on the vector path (the scalar path, for misaligned views, and the cache form keep one).
   constexpr int kCoordsRows = rows_per_group(CosSinSource::kLtxCoords);
-  const int group_rows = !kTables ? kCoordsRows : (vectorizable ? rope_group_rows(p.qk.heads()) : 1);
+  constexpr bool kGroupHeads = kSource == CosSinSource::kTables;
+  const int group_rows = !kTables ? kCoordsRows : (kGroupHeads && vectorizable ? rope_group_rows(p.qk.heads()) : 1);
   const int64_t groups = p.qk.num_rows() / group_rows;
   // Threads per row: a power of two covering the row's steps (at least one), at most a block.
   constexpr int kThreadSteps = steps_per_thread(kSource);
@@ -494,22 +498,16 @@ cudaError_t rope(RopeParams<T, table_t> p, cudaStream_t stream) {
   p.log2_threads_per_row = log2;
   const int64_t groups_per_block = rope_detail::kThreadsPerBlock >> log2;
   const dim3 grid(static_cast<unsigned>((groups + groups_per_block - 1) / groups_per_block));
-  if constexpr (!kTables) {
-    if (vectorizable) {
-      rope_detail::rope_kernel<T, table_t, kStyle, kFp32Math, kVecPairs, kSource, kCoordsRows>()
-          <<<grid, rope_detail::kThreadsPerBlock, 0, stream>>>(p);
-    } else {
-      rope_detail::rope_kernel<T, table_t, kStyle, kFp32Math, 1, kSource, kCoordsRows>()
-          <<<grid, rope_detail::kThreadsPerBlock, 0, stream>>>(p);
-    }
+  constexpr int kHeadsRows = kGroupHeads ? TK_ROPE_GROUP_ROWS : 1;  // the largest group compiled
+  if (!vectorizable) {
+    rope_detail::rope_kernel<T, table_t, kStyle, kFp32Math, 1, kSource, !kTables ? kCoordsRows : 1>()
+        <<<grid, rope_detail::kThreadsPerBlock, 0, stream>>>(p);
+  } else if constexpr (!kTables) {
+    rope_detail::rope_kernel<T, table_t, kStyle, kFp32Math, kVecPairs, kSource, kCoordsRows>()
+        <<<grid, rope_detail::kThreadsPerBlock, 0, stream>>>(p);
   } else {
-    if (vectorizable) {
-      rope_detail::launch_group_rows<T, table_t, kStyle, kFp32Math, kVecPairs, kSource, TK_ROPE_GROUP_ROWS>(
-          group_rows, grid, p, stream);
-    } else {
-      rope_detail::rope_kernel<T, table_t, kStyle, kFp32Math, 1, kSource, 1>()
-          <<<grid, rope_detail::kThreadsPerBlock, 0, stream>>>(p);
-    }
+    rope_detail::launch_group_rows<T, table_t, kStyle, kFp32Math, kVecPairs, kSource, kHeadsRows>(group_rows, grid, p,
+                                                                                                   stream);
   }
   return cudaGetLastError();
 }
