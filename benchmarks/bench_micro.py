@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks import harness  # noqa: E402
 from benchmarks.harness import Case, Report, copy_gbps, environment  # noqa: E402
 from integrations.loading import load_kernel, use_local_build  # noqa: E402
 from reference.activations import eager_act_and_mul, eager_act_mul, eager_activation, eager_gated_add  # noqa: E402
@@ -332,7 +333,12 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--ops", nargs="*", default=sorted(OPS), choices=sorted(OPS))
     parser.add_argument("--quick", action="store_true", help="a few shapes per op")
+    parser.add_argument("--flush", choices=harness.FLUSH_MODES, default="write",
+                        help="how L2 is flushed before each timed rep: 'write' zeroes a 256 MB buffer as "
+                             "triton's do_bench does (the benchmark of record), 'read' sums one and leaves "
+                             "L2 clean (shows what the memset's dirty lines cost each kernel)")
     args = parser.parse_args()
+    harness.L2_FLUSH = args.flush
     if not torch.cuda.is_available():
         raise SystemExit("the micro-benchmarks need an NVIDIA GPU (torch.cuda.is_available() is False)")
 
@@ -345,7 +351,7 @@ def main() -> None:
     report = Report(environment(), copy_gbps())
     print(f"{report.env['gpu']}: device-to-device copy {report.copy_gbps:.0f} GB/s")
     gpu = re.sub(r"[^a-z0-9]+", "-", report.env["gpu"].lower()).strip("-")
-    stem = f"micro-{gpu}-{_dt.date.today().isoformat()}"
+    stem = f"micro-{gpu}-{_dt.date.today().isoformat()}" + ("-read-flush" if args.flush == "read" else "")
     for op in args.ops:
         for case in tqdm(OPS[op](tk, args.quick), desc=op):
             report.run(case)

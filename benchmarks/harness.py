@@ -37,11 +37,46 @@ def wall_time_s(fn: Callable[[], object], repeats: int) -> float:
     return statistics.median(samples)
 
 
+# How L2 is flushed before each timed rep. "write": triton's do_bench (a 256 MB memset), the
+# benchmark of record. "read": a 256 MB read, which leaves L2 clean; the memset leaves it full of
+# dirty lines that the timed kernel pays to write back (NOTES.md, session 6), and this mode shows
+# how much of a kernel's time that is.
+FLUSH_MODES = ("write", "read")
+L2_FLUSH = "write"
+FLUSH_BYTES = 256 << 20
+
+
 def time_ms(fn: Callable[[], object]) -> float:
     """Median device time of fn() in ms: CUDA events, warm-up, L2 flushed before each rep."""
+    if L2_FLUSH == "read":
+        return _time_ms_read_flush(fn)
     from triton.testing import do_bench
 
     return float(do_bench(fn, warmup=WARMUP_MS, rep=REP_MS, return_mode="median"))
+
+
+def _time_ms_read_flush(fn: Callable[[], object]) -> float:
+    """do_bench's procedure (estimate, warm-up for WARMUP_MS, REP_MS of reps, median) with L2
+    flushed by summing a 256 MB buffer instead of zeroing it."""
+    cache = torch.zeros(FLUSH_BYTES // 4, dtype=torch.float32, device="cuda")
+
+    def timed(reps: int) -> list[float]:
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        for start, end in zip(starts, ends):
+            cache.sum()
+            start.record()
+            fn()
+            end.record()
+        torch.cuda.synchronize()
+        return [start.elapsed_time(end) for start, end in zip(starts, ends)]
+
+    fn()
+    torch.cuda.synchronize()
+    estimate_ms = max(statistics.median(timed(5)), 1e-3)
+    for _ in range(max(1, int(WARMUP_MS / estimate_ms))):
+        fn()
+    return statistics.median(timed(max(1, int(REP_MS / estimate_ms))))
 
 
 def call_latency_us(fn: Callable[[], object], calls: int = 2000, repeats: int = 5) -> float:
@@ -83,6 +118,7 @@ def environment() -> dict:
         "triton": triton.__version__,
         "python": platform.python_version(),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "l2_flush": L2_FLUSH,
     }
 
 
@@ -144,9 +180,11 @@ class Report:
 
     def markdown(self) -> str:
         e = self.env
+        flush_note = ("L2 flushed by reading a 256 MB buffer, which leaves it clean" if e.get("l2_flush") == "read"
+                      else "L2 flushed by zeroing a 256 MB buffer, as triton's do_bench does")
         lines = [f"# Micro-benchmarks: {e['gpu']}", "",
                  f"torch {e['torch']}, CUDA {e['cuda']}, Triton {e['triton']}, {e['date']}. "
-                 f"Median of CUDA-event timings (L2 flushed). GB/s counts each input read once and each "
+                 f"Median of CUDA-event timings ({flush_note}). GB/s counts each input read once and each "
                  f"output written once. Device-to-device copy in the same run: **{self.copy_gbps:.0f} GB/s**.",
                  ""]
         by_case: dict[tuple, dict[str, Result]] = {}

@@ -65,7 +65,9 @@ def fused_qkv(B, S, Hq, Hk, d, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("d", [64, 128, 256])
-@pytest.mark.parametrize("heads", [(32, 8), (7, 1), (5, 5)])
+# Heads a token: 40 and 8 (groups of two heads share the token's cos/sin; with 7 + 1 a group holds
+# q's last head and k's), 10, and 7 (odd: one head a group).
+@pytest.mark.parametrize("heads", [(32, 8), (7, 1), (5, 5), (5, 2)])
 @pytest.mark.parametrize("partial", [False, True])
 def test_hf_apply_rotary_pos_emb(tk, dtype, d, heads, partial):
     B, S = 2, 37
@@ -116,8 +118,9 @@ def test_ltx_rotary_emb(tk, dtype, C):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_flux_rotary_emb(tk, dtype):
-    B, S, H, d = 1, 512, 24, 128
+@pytest.mark.parametrize("H", [24, 3])  # 3: a group of two heads holds q's last head and k's first
+def test_flux_rotary_emb(tk, dtype, H):
+    B, S, d = 1, 512, 128
     q, k = random_input((B, S, H, d), dtype), random_input((B, S, H, d), dtype)
     freqs = torch.rand(S, d // 2, device="cuda") * 100
     cos, sin = freqs.cos().repeat_interleave(2, -1), freqs.sin().repeat_interleave(2, -1)
@@ -125,7 +128,9 @@ def test_flux_rotary_emb(tk, dtype):
     for ours, x in ((q_out, q), (k_out, k)):
         c, s = cos[None, :, None, :], sin[None, :, None, :]
         eager = diffusers_interleaved_rotary(x, c, s)
-        assert_matches_eager(ours, eager, rope_magnitude(x, c, s, "interleaved"), 2)
+        mag = rope_magnitude(x, c, s, "interleaved")
+        assert_within(ours, rotary_float64(x, c, s, "interleaved"), mag, 1.5, "flux rope vs float64")
+        assert_matches_eager(ours, eager, mag, 2)
 
 
 def test_unaligned_and_odd_layouts(tk):

@@ -13,15 +13,6 @@ namespace transformer_kernels {
 // Bytes moved by one vector instruction; every kernel sizes its vectors from this.
 constexpr int kVecBytes = 16;
 
-// Kernel-lab knobs: vector loads / stores marked cache-streaming (ld/st.global.cs: L1 and L2
-// evict-first), as Triton's evict_first hints mark data used once.
-#ifndef TK_STREAM_LOADS
-#define TK_STREAM_LOADS 0
-#endif
-#ifndef TK_STREAM_STORES
-#define TK_STREAM_STORES 0
-#endif
-
 // Elements of T in one 16-byte vector (8 for half/bfloat16, 4 for float).
 template <typename T>
 constexpr int vec_size() { return kVecBytes / static_cast<int>(sizeof(T)); }
@@ -57,20 +48,14 @@ struct vec_t {
     const chunk_t* src = reinterpret_cast<const chunk_t*>(ptr);
     chunk_t* dst = reinterpret_cast<chunk_t*>(data);
 #pragma unroll
-    for (int c = 0; c < kChunks; ++c) {
-      if constexpr (TK_STREAM_LOADS && kChunkBytes >= 4) dst[c] = __ldcs(src + c);
-      else dst[c] = src[c];
-    }
+    for (int c = 0; c < kChunks; ++c) dst[c] = src[c];
   }
 
   TK_DEVICE void store(T* ptr) const {
     const chunk_t* src = reinterpret_cast<const chunk_t*>(data);
     chunk_t* dst = reinterpret_cast<chunk_t*>(ptr);
 #pragma unroll
-    for (int c = 0; c < kChunks; ++c) {
-      if constexpr (TK_STREAM_STORES && kChunkBytes >= 4) __stcs(dst + c, src[c]);
-      else dst[c] = src[c];
-    }
+    for (int c = 0; c < kChunks; ++c) dst[c] = src[c];
   }
 
   TK_DEVICE void cast_to(float (&out)[N]) const {

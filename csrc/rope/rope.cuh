@@ -187,9 +187,12 @@ TK_HOST_DEVICE constexpr int rows_per_group(CosSinSource source) {
 }
 
 // Vector steps of a row one thread takes at a time, all loads first: the coordinate form reads only
-// q and k, 32 bytes a step, and then computes its sines for a while (TK_LTX_COORDS_STEPS).
+// q and k, 32 bytes a step, and then computes its sines for a while. Kernel lab (H200, bf16,
+// ltx_rope_from_coords 2x8064x2048), 1 step at 48 registers: 72.1 %; 2 steps: 64.4 % at 48 (108
+// bytes of spills), 75.1 % at 64 (twice), 67.6 % at 72 (no spill, 3 blocks an SM). ncu of the
+// 1-step kernel: issue-bound (0.76 instructions per scheduler-cycle; ~490 a thread, 4 sincosf).
 #ifndef TK_LTX_COORDS_STEPS  // tuning knob for the kernel lab
-#define TK_LTX_COORDS_STEPS 1
+#define TK_LTX_COORDS_STEPS 2
 #endif
 TK_HOST_DEVICE constexpr int steps_per_thread(CosSinSource source) {
   return source == CosSinSource::kLtxCoords ? TK_LTX_COORDS_STEPS : 1;
@@ -443,10 +446,11 @@ TK_DEVICE void rope_body(const RopeParams<T, table_t>& p) {
   }
 }
 
-// Register cap of the coordinate form: ptxas picks 56 (4 blocks of 256 threads per SM), at 48 five
-// fit. Kernel lab, H200: ltx_rope_from_coords 2x8064x2048 bf16 69 -> 74 % of copy.
+// Register cap of the coordinate form: with one step a thread ptxas picks 56 (4 blocks of 256
+// threads per SM), at 48 five fit (kernel lab: 69 -> 74 %); with two steps (TK_LTX_COORDS_STEPS),
+// 64: four blocks, 12 bytes of spills (above).
 #ifndef TK_LTX_COORDS_REGISTER_CAP  // tuning knob for the kernel lab
-#define TK_LTX_COORDS_REGISTER_CAP 48
+#define TK_LTX_COORDS_REGISTER_CAP 64
 #endif
 
 template <typename T, typename table_t, RopeStyle kStyle, bool kFp32Math, int kPairs, CosSinSource kSource, int kRows>
