@@ -251,6 +251,7 @@ std::vector<Case> make_cases() {
   norm_case("norm_modulate 2x7392x4096", 2, 7392, 4096, PreAdd::kNone, true);
   norm_case("gated_add_norm_modulate 2x8064x2048", 2, 8064, 2048, PreAdd::kGated, true);
   norm_case("gated_add_norm_modulate 2x7392x4096", 2, 7392, 4096, PreAdd::kGated, true);
+  norm_case("layer_norm_modulate 1x4608x3072", 1, 4608, 3072, PreAdd::kNone, true, NormType::kLayer);  // Flux
 
   // LTX attention's q/k: [2, 8064, 2048] each; RoPE with cos/sin from the token coordinates, and
   // the fused q/k RMSNorm + RoPE from coordinates and from diffusers' fp32 tables.

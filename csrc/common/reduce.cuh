@@ -31,10 +31,11 @@ TK_DEVICE float group_reduce_sum(float v, unsigned mask = kFullMask) {
 
 // Sum over all threads of a one-dimensional block (blockDim.x a multiple of 32, at most 1024);
 // every thread receives the total, of each of the N values. Uses one __syncthreads, so call it at
-// most once per kernel unless the caller separates calls with another barrier.
-template <int N>
+// most once per kernel and kBuffer (each buffer its own shared array), unless the caller separates
+// calls with another barrier.
+template <int N, int kBuffer = 0>
 TK_DEVICE void block_reduce_sum(float (&v)[N]) {
-  __shared__ float warp_sums[N][kWarpSize];
+  __shared__ float warp_sums[N][kWarpSize];  // one array per (N, kBuffer)
   const int lane = threadIdx.x % kWarpSize;
   const int warp = threadIdx.x / kWarpSize;
   const int num_warps = blockDim.x / kWarpSize;
@@ -60,19 +61,20 @@ TK_DEVICE float block_reduce_sum(float v) {
 // (blockDim.x threads); otherwise an aligned group of kThreadsPerRow <= 32 lanes, `mask` naming
 // the lanes of the warp whose groups have a row (see row_group_mask). The array form sums the N
 // rows a group may hold together, each as the scalar form would.
-template <int kThreadsPerRow, int N>
+// kBuffer: block_reduce_sum's shared array (block mode).
+template <int kThreadsPerRow, int N, int kBuffer = 0>
 TK_DEVICE void row_reduce_sum(float (&v)[N], unsigned mask = kFullMask) {
   if constexpr (kThreadsPerRow == 0) {
-    block_reduce_sum(v);
+    block_reduce_sum<N, kBuffer>(v);
   } else {
     group_reduce_sum<kThreadsPerRow>(v, mask);
   }
 }
 
-template <int kThreadsPerRow>
+template <int kThreadsPerRow, int kBuffer = 0>
 TK_DEVICE float row_reduce_sum(float v, unsigned mask = kFullMask) {
   float a[1] = {v};
-  row_reduce_sum<kThreadsPerRow>(a, mask);
+  row_reduce_sum<kThreadsPerRow, 1, kBuffer>(a, mask);
   return a[0];
 }
 
