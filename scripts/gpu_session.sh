@@ -8,6 +8,7 @@
 #
 #   TESTS_S=240 LLM_S=60 PROFILE_S=150 MICRO_S=200 LTX_S=0 scripts/gpu_session.sh OUT_DIR [bench_micro args]
 #   NCU_S=90 adds Nsight Compute counters of our kernels (scripts/gpu_ncu.sh -> ncu.csv)
+#   MICRO_READ_S=120 adds the micro-benchmarks with L2 flushed by a read (bench_micro --flush read)
 #   PYTEST_ARGS="tests/test_rope.py" runs part of the suite (a short confirming run)
 #   AB_FLAGS="-DTK_FUSED_CACHED_VECS=2" AB_OPS="modulate fused_add_rms_norm" ...   adds an A/B stage
 #   LAB_VARIANTS="default=;fused2=-DTK_FUSED_CACHED_VECS=2" LAB_CASES="norm" ...   kernel-lab variants
@@ -49,6 +50,8 @@ stage llm "${LLM_S:-60}" "$PYTHON" benchmarks/bench_llm.py --out "$R"
 stage profile "${PROFILE_S:-150}" "$PYTHON" benchmarks/profile_e2e.py --out "$R"
 stage ncu "${NCU_S:-0}" bash scripts/gpu_ncu.sh "$R/ncu.csv"
 stage micro "${MICRO_S:-200}" "$PYTHON" benchmarks/bench_micro.py --out "$R" "$@"
+# The same with L2 flushed by a read (clean): what the memset flush's dirty lines cost each kernel.
+stage micro_read_flush "${MICRO_READ_S:-0}" "$PYTHON" benchmarks/bench_micro.py --flush read --out "$R" "$@"
 if [ -n "${AB_FLAGS:-}" ]; then  # A/B of a tuning macro (scripts/gpu_ab.sh), results in $R/ab-ab/
   stage ab "${AB_S:-180}" bash scripts/gpu_ab.sh "$R" ab "$AB_FLAGS" --ops ${AB_OPS:-modulate}
   echo "$AB_FLAGS" > "$R/ab-ab/flags.txt"
