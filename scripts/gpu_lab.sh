@@ -4,7 +4,7 @@
 #   scripts/gpu_lab.sh OUT_FILE "name=FLAGS" ["name=FLAGS" ...] [-- case-substring ...]
 #   e.g. scripts/gpu_lab.sh $OUT/lab.txt "default=" "fused2=-DTK_FUSED_CACHED_VECS=2" -- norm_modulate
 # LAB_READ_FLUSH="name ..." runs those variants a second time with L2 flushed by reading (LAB_FLUSH=read).
-# LAB_NCU_CASES="case ..." profiles those cases of the first variant with Nsight Compute (stall
+# LAB_NCU_CASES="case;..." (';'-separated) profiles those cases of the first variant with Nsight Compute (stall
 # reasons, pipes, memory), one line per section into OUT_FILE.ncu.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -37,7 +37,8 @@ first="${VARIANTS[0]%%=*}"
 if [ -n "${LAB_NCU_CASES:-}" ] && [ -x "$BIN/$first" ]; then
   NCU="$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)"
   # Each case runs a warm-up and 25 timed launches: profile the first timed one.
-  for c in $LAB_NCU_CASES; do
+  IFS=';' read -ra ncu_cases <<< "$LAB_NCU_CASES"
+  for c in "${ncu_cases[@]}"; do
     echo "## ncu: $c"
     "$NCU" --clock-control none --kernel-name-base mangled --kernel-name regex:"_body" --launch-skip 1 --launch-count 1 \
       --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \

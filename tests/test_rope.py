@@ -234,11 +234,15 @@ def check_qk_norm_rope(ours, x, weight, eps, cos, sin):
 @pytest.mark.parametrize("weight_fp32", [False, True], ids=["w_model_dtype", "w_fp32"])
 @pytest.mark.parametrize("C", [2048, 4096, 96, 32768])
 @pytest.mark.parametrize("shared_tables", [False, True])
-def test_ltx_qk_norm_rope(tk, dtype, weight_fp32, C, shared_tables):
+@pytest.mark.parametrize("offset", [0, 2], ids=["aligned", "pair_aligned"])  # 2: the one-pair-per-vector path
+def test_ltx_qk_norm_rope(tk, dtype, weight_fp32, C, shared_tables, offset):
+    """q's and k's rows of a token share one thread group and its cos/sin loads."""
     B, S, eps = 2, 19, 1e-6
     if dtype == torch.float32:
         C = min(C, 16384)  # the widest row kept in registers: 4096 vectors of 4 floats
-    qkv = random_input((B, S, 3 * C), dtype)
+    if offset:
+        C = min(C, 8192)  # and on the narrow path: 4096 vectors of one pair
+    qkv = random_input((B, S, offset + 3 * C), dtype)[..., offset:]
     q, k = qkv[..., :C], qkv[..., C: 2 * C]  # views of the fused projection
     wq, wk = (torch.rand(C, device="cuda") + 0.5 for _ in range(2))
     if not weight_fp32:

@@ -59,6 +59,9 @@ namespace qk_norm_rope_detail {
 // back to kCachedVecs). Block mode with 2 measured against 4 in the kernel lab (H200, LTX's
 // 2x8064x2048): 60.6 % vs 53.4 % of copy from coordinates, 93.6 % vs 90.3 % from tables.
 constexpr int kCachedVecs = 4;
+#ifndef TK_QK_NORM_ROPE_SHARED_TABLES  // tuning knob for the kernel lab (qk_norm_rope below)
+#define TK_QK_NORM_ROPE_SHARED_TABLES 1
+#endif
 #ifndef TK_QK_NORM_ROPE_BLOCK_CACHED_VECS  // tuning knob: -DTK_QK_NORM_ROPE_BLOCK_CACHED_VECS=4
 #define TK_QK_NORM_ROPE_BLOCK_CACHED_VECS 2
 #endif
@@ -100,15 +103,16 @@ TK_DEVICE void normalize(float (&n)[kVec], float inv_rms, const float (&w)[kVec]
 
 // kThreadsPerRow lanes per row (0: the whole block); kVec elements per vector (even for
 // interleaved pairs, so that each vector holds whole pairs). A group holds kRows rows: one, or
-// (coordinate form) q's and k's row of a token, each with the lanes and units one row would have.
+// q's and k's row of a token when each has one norm group (LTX: the ops take [B, S, C]), each row
+// with the lanes and units one row would have; the two share the token's cos/sin.
 template <QkNormRopeForm kForm, CosSinSource kSource, typename T, typename weight_t, typename table_t, int kVec,
-          int kThreadsPerRow, int kRowCachedVecs = kCachedVecs>
+          int kThreadsPerRow, int kRowCachedVecs, int kRows>
 TK_DEVICE void qk_norm_rope_body(const QkNormRopeParams<T, weight_t, table_t>& p) {
   static_assert(kSource == CosSinSource::kTables ||
                     (kSource == CosSinSource::kLtxCoords && kForm == QkNormRopeForm::kDiffusers),
                 "tables, or LTX's coordinates with diffusers' form");
+  static_assert(kRows == 1 || kRows == 2, "one row, or q's and k's of a token");
   constexpr bool kCoords = kSource == CosSinSource::kLtxCoords;
-  constexpr int kRows = rows_per_group(kSource);  // 2: q and k one row each per token (the ops take [B, S, C])
   constexpr int kUnitVecs = vecs_per_unit(kForm);
   constexpr int kCachedUnits = kRowCachedVecs / kUnitVecs;  // per row
   static_assert(kCachedUnits >= 1, "a thread holds at least one unit");
@@ -261,16 +265,18 @@ TK_DEVICE void qk_norm_rope_body(const QkNormRopeParams<T, weight_t, table_t>& p
 }
 
 template <QkNormRopeForm kForm, CosSinSource kSource, typename T, typename weight_t, typename table_t, int kVec,
-          int kThreadsPerRow, int kRowCachedVecs = kCachedVecs>
+          int kThreadsPerRow, int kRowCachedVecs, int kRows>
 constexpr auto qk_norm_rope_kernel() {
   return kernel_entry_for<kNoRegisterCap, QkNormRopeParams<T, weight_t, table_t>,
-                          qk_norm_rope_body<kForm, kSource, T, weight_t, table_t, kVec, kThreadsPerRow, kRowCachedVecs>>();
+                          qk_norm_rope_body<kForm, kSource, T, weight_t, table_t, kVec, kThreadsPerRow, kRowCachedVecs,
+                                            kRows>>();
 }
 
-template <QkNormRopeForm kForm, CosSinSource kSource, typename T, typename weight_t, typename table_t, int kVec>
+template <QkNormRopeForm kForm, CosSinSource kSource, typename T, typename weight_t, typename table_t, int kVec,
+          int kRows>
 cudaError_t launch(const QkNormRopeParams<T, weight_t, table_t>& p, cudaStream_t stream) {
   constexpr int kCachedUnits = kCachedVecs / vecs_per_unit(kForm);
-  const int64_t groups = p.qk.num_rows() / rows_per_group(kSource);
+  const int64_t groups = p.qk.num_rows() / kRows;
   const int num_units = p.width / (kVec * vecs_per_unit(kForm));
   auto grid_for = [&](int groups_per_block) {
     return dim3(static_cast<unsigned>((groups + groups_per_block - 1) / groups_per_block));
@@ -280,7 +286,7 @@ cudaError_t launch(const QkNormRopeParams<T, weight_t, table_t>& p, cudaStream_t
   auto in_group_of = [&](auto threads_tag) {
     constexpr int kThreads = decltype(threads_tag)::value;
     if (num_units > kThreads * kCachedUnits) return false;
-    qk_norm_rope_kernel<kForm, kSource, T, weight_t, table_t, kVec, kThreads>()
+    qk_norm_rope_kernel<kForm, kSource, T, weight_t, table_t, kVec, kThreads, kCachedVecs, kRows>()
         <<<grid_for(kGroupThreadsPerBlock / kThreads), kGroupThreadsPerBlock, 0, stream>>>(p);
     return true;
   };
@@ -294,10 +300,10 @@ cudaError_t launch(const QkNormRopeParams<T, weight_t, table_t>& p, cudaStream_t
       return (wanted + kWarpSize - 1) / kWarpSize * kWarpSize;
     };
     if (threads_for(kBlockUnits) <= kMaxThreads) {
-      qk_norm_rope_kernel<kForm, kSource, T, weight_t, table_t, kVec, 0, kBlockUnits * vecs_per_unit(kForm)>()
+      qk_norm_rope_kernel<kForm, kSource, T, weight_t, table_t, kVec, 0, kBlockUnits * vecs_per_unit(kForm), kRows>()
           <<<grid_for(1), threads_for(kBlockUnits), 0, stream>>>(p);
     } else {  // <= kMaxThreads: host-checked
-      qk_norm_rope_kernel<kForm, kSource, T, weight_t, table_t, kVec, 0>()
+      qk_norm_rope_kernel<kForm, kSource, T, weight_t, table_t, kVec, 0, kCachedVecs, kRows>()
           <<<grid_for(1), threads_for(kCachedUnits), 0, stream>>>(p);
     }
   }
@@ -335,10 +341,22 @@ cudaError_t qk_norm_rope(const QkNormRopeParams<T, weight_t, table_t>& p, cudaSt
   constexpr int kVec = vec_size<T>();
   constexpr int kMinVec = qk_norm_rope_detail::min_vec(kForm);
   using qk_norm_rope_detail::launch;
-  if (qk_norm_rope_aligned<kForm, kSource, kVec>(p)) {
-    return launch<kForm, kSource, T, weight_t, table_t, kVec>(p, stream);
+  // q's and k's row of a token in one group when each has one norm group: the coordinate form
+  // computes the token's sines once; diffusers' table form loads its cos/sin rows once (the
+  // TK_QK_NORM_ROPE_SHARED_TABLES knob, for the lab).
+  constexpr int kCoordsRows = rows_per_group(kSource);
+  constexpr bool kCanShareTables =
+      TK_QK_NORM_ROPE_SHARED_TABLES && kSource == CosSinSource::kTables && kForm == QkNormRopeForm::kDiffusers;
+  const bool share_tables = kCanShareTables && p.qk.num_q_heads == 1 && p.qk.num_k_heads == 1;
+  const bool vectorized = qk_norm_rope_aligned<kForm, kSource, kVec>(p);
+  if constexpr (kCanShareTables) {
+    if (share_tables) {
+      return vectorized ? launch<kForm, kSource, T, weight_t, table_t, kVec, 2>(p, stream)
+                        : launch<kForm, kSource, T, weight_t, table_t, kMinVec, 2>(p, stream);
+    }
   }
-  return launch<kForm, kSource, T, weight_t, table_t, kMinVec>(p, stream);
+  return vectorized ? launch<kForm, kSource, T, weight_t, table_t, kVec, kCoordsRows>(p, stream)
+                    : launch<kForm, kSource, T, weight_t, table_t, kMinVec, kCoordsRows>(p, stream);
 }
 
 }  // namespace transformer_kernels
