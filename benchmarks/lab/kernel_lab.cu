@@ -68,6 +68,24 @@ T* device_buffer(size_t n, void (*fill)(T*, size_t, Arg), Arg arg, unsigned grid
 bf16* random_bf16(size_t n, uint32_t seed) { return device_buffer(n, fill_kernel, seed, 1024); }
 float* ramp_float(size_t n, float scale) { return device_buffer(n, fill_float_kernel, scale, 256); }
 
+// LTXVideoRotaryPosEmbed's grid [batch, seq, 3] for frames of height x width tokens, in token order
+// (frame, row, column), each coordinate scaled into [0, 1) as diffusers scales it by its base sizes.
+float* video_grid(int64_t batch, int64_t seq, int64_t width, int64_t height) {
+  const int64_t frames = (seq + width * height - 1) / (width * height);
+  std::vector<float> host(static_cast<size_t>(batch * seq * 3));
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t s = 0; s < seq; ++s) {
+      float* g = &host[static_cast<size_t>((b * seq + s) * 3)];
+      g[0] = static_cast<float>(s / (width * height)) / static_cast<float>(frames);
+      g[1] = static_cast<float>(s / width % height) / static_cast<float>(height);
+      g[2] = static_cast<float>(s % width) / static_cast<float>(width);
+    }
+  float* p;
+  CHECK(cudaMalloc(&p, host.size() * sizeof(float)));
+  CHECK(cudaMemcpy(p, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
+  return p;
+}
+
 // Reads n 16-byte words: evicts L2 like the memset flush but leaves its lines clean.
 __global__ void read_flush_kernel(const uint4* p, size_t n, unsigned* sink) {
   unsigned acc = 0;
@@ -144,7 +162,130 @@ struct Case {
   std::string name;
   double bytes;  // each input read once, each output written once
   std::function<void()> launch;
+  std::function<std::string()> check = nullptr;  // prototypes: a verdict against the production kernel
 };
+
+// Bytes that differ between two device buffers of n bytes.
+size_t differing_bytes(const void* a, const void* b, size_t n) {
+  std::vector<unsigned char> ha(n), hb(n);
+  CHECK(cudaMemcpy(ha.data(), a, n, cudaMemcpyDeviceToHost));
+  CHECK(cudaMemcpy(hb.data(), b, n, cudaMemcpyDeviceToHost));
+  size_t diff = 0;
+  for (size_t i = 0; i < n; ++i) diff += ha[i] != hb[i];
+  return diff;
+}
+
+// ---- Prototype, not in the extension: LTX RoPE from coordinates with the sines shared between
+// the kTokens consecutive tokens of a block (NOTES.md, session 6: the production kernel is
+// issue-bound on sincosf). The angle of pair a of a token is freqs[a / 3] * g[a % 3]; in a video
+// grid consecutive tokens share their frame (axis 0) and usually their row (axis 1), so a block
+// computes each (token, axis) table only when that token's coordinate differs from the previous
+// token's, and reads the rest from the earlier token's table. The same angles and sincosf as
+// LtxCoords: the same bits (checked against the production kernel before timing).
+// q, k contiguous [B, S, C], C % 8 == 0 (16-byte vectors); one shared table entry per (token, axis, f).
+constexpr int kProtoThreads = 256;
+constexpr int kProtoMaxWidth = 2048;  // C: a thread holds kTokens * 2 rows * C / 8 / 256 vectors
+
+template <int kTokens>
+__global__ void __launch_bounds__(kProtoThreads) ltx_rope_coords_shared_sines(RopeParams<bf16, float> p) {
+  extern __shared__ float2 cs_table[];  // [kTokens][3][F]: (cos, sin)
+  __shared__ float g_s[kTokens][3];
+  __shared__ int src_s[kTokens][3];  // the token whose table axis `a` of token t reads
+  const int C = p.rotary_dim, F = C / 6, pad = p.coords.pad_pairs;
+  const int vecs_per_row = C / 8;
+  const int64_t num_tokens = p.qk.batch * p.qk.seq;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kTokens;
+  const int tokens_here = static_cast<int>(num_tokens - t0 < kTokens ? num_tokens - t0 : kTokens);
+
+  // 1. Each (token, row)'s input and output, and each token's factors (grid * 2 - 1).
+  __shared__ const bf16* in_s[kTokens][2];
+  __shared__ bf16* out_s[kTokens][2];
+  if (threadIdx.x < tokens_here * 3) {
+    const int t = threadIdx.x / 3, axis = threadIdx.x % 3;
+    int64_t b, s;
+    p.qk.token_at(t0 + t, b, s);
+    float g[3];
+    p.coords.token(b, s, g);
+    g_s[t][axis] = g[axis];
+    if (axis < 2) p.qk.head_at(b, s, axis, in_s[t][axis], out_s[t][axis]);
+  }
+  __syncthreads();
+  // 2. Every vector this thread rotates, loaded before the sines (which hide their latency); and,
+  // per axis, which token's table each token reads.
+  const int items = tokens_here * 2 * vecs_per_row;
+  constexpr int kProtoMaxItems = kTokens * 2 * (kProtoMaxWidth / 8) / kProtoThreads;
+  vec_t<bf16, 8> xv[kProtoMaxItems];
+#pragma unroll
+  for (int k = 0; k < kProtoMaxItems; ++k) {
+    const int i = threadIdx.x + k * kProtoThreads;
+    if (i < items) {
+      const int t = i / (2 * vecs_per_row), r = (i / vecs_per_row) % 2, v = i % vecs_per_row;
+      xv[k].load(in_s[t][r] + v * 8);
+    }
+  }
+  if (threadIdx.x < tokens_here * 3) {
+    const int t = threadIdx.x / 3, axis = threadIdx.x % 3;
+    int src = t;
+    while (src > 0 && __float_as_uint(g_s[src - 1][axis]) == __float_as_uint(g_s[t][axis])) --src;
+    src_s[t][axis] = src;
+  }
+  // 3. The sines each token's table needs: consecutive threads take consecutive f of one (token,
+  // axis), so whole warps skip a shared table together.
+  for (int e = threadIdx.x; e < tokens_here * 3 * F; e += kProtoThreads) {
+    const int t = e / (3 * F), axis = (e / F) % 3, f = e % F;
+    if (t > 0 && __float_as_uint(g_s[t - 1][axis]) == __float_as_uint(g_s[t][axis])) continue;
+    const float angle = __fmul_rn(__ldg(p.coords.freqs + f), g_s[t][axis]);
+    float sn, cs;
+    sincosf(angle, &sn, &cs);
+    cs_table[e] = make_float2(cs, sn);
+  }
+  __syncthreads();
+  // 4. Rotate and store, interleaved pairs in fp32 with one rounding (rotate_pairs<T, true>).
+#pragma unroll
+  for (int k = 0; k < kProtoMaxItems; ++k) {
+    const int i = threadIdx.x + k * kProtoThreads;
+    if (i >= items) continue;
+    const int t = i / (2 * vecs_per_row), r = (i / vecs_per_row) % 2, v = i % vecs_per_row;
+    float x1[4], x2[4], c[4], sn[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      x1[j] = to_float(xv[k][2 * j]), x2[j] = to_float(xv[k][2 * j + 1]);
+      const int a = v * 4 + j - pad;
+      if (a < 0) {
+        c[j] = 1.f, sn[j] = 0.f;
+        continue;
+      }
+      const int f = a / 3, axis = a - 3 * f;
+      const float2 e = cs_table[(src_s[t][axis] * 3 + axis) * F + f];
+      c[j] = e.x, sn[j] = e.y;
+    }
+    bf16 y1[4], y2[4];
+    rope_detail::rotate_pairs<bf16, true>(x1, x2, c, c, sn, sn, y1, y2);
+    vec_t<bf16, 8> o;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) o[2 * j] = y1[j], o[2 * j + 1] = y2[j];
+    o.store(out_s[t][r] + v * 8);
+  }
+}
+
+template <int kTokens>
+void launch_ltx_rope_coords_shared_sines(const RopeParams<bf16, float>& p) {
+  if (p.rotary_dim > kProtoMaxWidth || p.rotary_dim % 8 != 0) {
+    std::fprintf(stderr, "the shared-sines prototype takes C <= %d, a multiple of 8\n", kProtoMaxWidth);
+    std::exit(1);
+  }
+  const size_t smem = sizeof(float2) * kTokens * 3 * (p.rotary_dim / 6);
+  static const bool configured = [smem] {
+    CHECK(cudaFuncSetAttribute(ltx_rope_coords_shared_sines<kTokens>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(smem)));
+    return true;
+  }();
+  (void)configured;
+  const int64_t tokens = p.qk.batch * p.qk.seq;
+  ltx_rope_coords_shared_sines<kTokens><<<static_cast<unsigned>((tokens + kTokens - 1) / kTokens), kProtoThreads,
+                                          smem>>>(p);
+  CHECK(cudaGetLastError());
+}
 
 std::vector<Case> make_cases() {
   std::vector<Case> cases;
@@ -270,7 +411,7 @@ std::vector<Case> make_cases() {
     qk = qk.with_fast_divisors();
 #endif
     LtxCoords coords;
-    coords.grid = ramp_float(tokens * 3, 1.f);
+    coords.grid = video_grid(batch, seq, 24, 16);  // 21 frames of 16 x 24 tokens, as LTX's patches
     coords.grid_b = seq * 3, coords.grid_s = 3, coords.grid_c = 1;
     coords.freqs = ramp_float(c / 6, 15708.f);  // up to 10000 * pi / 2, as LTX's
     coords.pad_pairs = static_cast<int>(c % 6 / 2);
@@ -282,6 +423,29 @@ std::vector<Case> make_cases() {
     cases.push_back({"ltx_rope_from_coords 2x8064x2048", qk_bytes, [rp] {
                        CHECK((rope<RopeStyle::kInterleaved, true, CosSinSource::kLtxCoords>(rp, 0)));
                      }});
+    // The shared-sines prototype, checked bit for bit against the production kernel's output.
+    RopeParams<bf16, float> pp = rp;
+    pp.qk.q_out = random_bf16(tokens * c, 35), pp.qk.k_out = random_bf16(tokens * c, 36);
+    auto proto_check = [rp, pp](auto launch) {
+      return [rp, pp, launch] {
+        CHECK((rope<RopeStyle::kInterleaved, true, CosSinSource::kLtxCoords>(rp, 0)));
+        launch(pp);
+        CHECK(cudaDeviceSynchronize());
+        const size_t n = static_cast<size_t>(rp.qk.batch * rp.qk.seq) * rp.rotary_dim * sizeof(bf16);
+        const size_t diff = differing_bytes(rp.qk.q_out, pp.qk.q_out, n) + differing_bytes(rp.qk.k_out, pp.qk.k_out, n);
+        return diff == 0 ? std::string("bit-equal to the production kernel")
+                         : "DIFFERS from the production kernel in " + std::to_string(diff) + " bytes";
+      };
+    };
+    cases.push_back({"ltx_rope_from_coords shared sines, 2 tokens", qk_bytes,
+                     [pp] { launch_ltx_rope_coords_shared_sines<2>(pp); },
+                     proto_check([](const RopeParams<bf16, float>& q) { launch_ltx_rope_coords_shared_sines<2>(q); })});
+    cases.push_back({"ltx_rope_from_coords shared sines, 4 tokens", qk_bytes,
+                     [pp] { launch_ltx_rope_coords_shared_sines<4>(pp); },
+                     proto_check([](const RopeParams<bf16, float>& q) { launch_ltx_rope_coords_shared_sines<4>(q); })});
+    cases.push_back({"ltx_rope_from_coords shared sines, 8 tokens", qk_bytes,
+                     [pp] { launch_ltx_rope_coords_shared_sines<8>(pp); },
+                     proto_check([](const RopeParams<bf16, float>& q) { launch_ltx_rope_coords_shared_sines<8>(q); })});
 
     RopeParams<bf16, float> tr = rp;  // diffusers' fp32 tables [B, S, C], read once for q and k
     tr.cos = ramp_float(tokens * c, 1.f), tr.sin = ramp_float(tokens * c, 1.f);
@@ -408,6 +572,7 @@ int main(int argc, char** argv) {
     bool wanted = argc == 1;
     for (int i = 1; i < argc; ++i) wanted |= c.name.find(argv[i]) != std::string::npos;
     if (!wanted) continue;
+    if (c.check) std::printf("%-44s %s\n", c.name.c_str(), c.check().c_str());
     const double us = time_us(c.launch);
     const double gbps = c.bytes / us * 1e-3;
     std::printf("%-44s %9.1f us %6.0f GB/s %5.1f %%\n", c.name.c_str(), us, gbps, 100.0 * gbps / copy_gbps);
