@@ -4,8 +4,8 @@
 #   scripts/gpu_lab.sh OUT_FILE "name=FLAGS" ["name=FLAGS" ...] [-- case-substring ...]
 #   e.g. scripts/gpu_lab.sh $OUT/lab.txt "default=" "fused2=-DTK_FUSED_CACHED_VECS=2" -- norm_modulate
 # LAB_READ_FLUSH="name ..." runs those variants a second time with L2 flushed by reading (LAB_FLUSH=read).
-# LAB_NCU_CASES="case;..." (';'-separated) profiles those cases of the first variant with Nsight Compute (stall
-# reasons, pipes, memory), one line per section into OUT_FILE.ncu.txt.
+# LAB_NCU_CASES="case;..." (';'-separated) profiles one timed launch of each of those cases of the first
+# variant with Nsight Compute (speed of light, occupancy, stall reasons, pipes, memory) into OUT_FILE.ncu.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT_FILE="$1"; shift

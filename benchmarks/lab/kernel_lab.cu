@@ -150,6 +150,16 @@ RowIndexer rows_of(int64_t rows, int64_t row_stride) {
   return r;
 }
 
+// q/k rows with the kernels' 32-bit dividers, as the extension sets them (-DLAB_SLOW_DIVISION
+// keeps the 64-bit divisions, for the A/B of the dividers).
+QkRows<bf16> lab_divisors(const QkRows<bf16>& qk) {
+#ifdef LAB_SLOW_DIVISION
+  return qk;
+#else
+  return qk.with_fast_divisors();
+#endif
+}
+
 // [B, S] rows broadcast from [B, 1, C]: scale, shift and gate of LTX's AdaLN (one row per sample).
 RowIndexer per_sample_rows(int64_t batch, int64_t seq, int64_t cols) {
   RowIndexer r;
@@ -407,9 +417,7 @@ std::vector<Case> make_cases() {
     qk.q = q, qk.k = k, qk.q_out = q_out, qk.k_out = k_out;
     qk.q_strides = qk.k_strides = qk.q_out_strides = qk.k_out_strides = st;
     qk.batch = batch, qk.seq = seq, qk.num_q_heads = qk.num_k_heads = 1;
-#ifndef LAB_SLOW_DIVISION  // the A/B of QkRows' 32-bit dividers
-    qk = qk.with_fast_divisors();
-#endif
+    qk = lab_divisors(qk);
     LtxCoords coords;
     coords.grid = video_grid(batch, seq, 24, 16);  // 21 frames of 16 x 24 tokens, as LTX's patches
     coords.grid_b = seq * 3, coords.grid_s = 3, coords.grid_c = 1;
@@ -478,9 +486,7 @@ std::vector<Case> make_cases() {
     qk.q_out = random_bf16(tokens * hq * d, 24), qk.q_out_strides = HeadStrides{seq * hq * d, hq * d, d};
     qk.k_out = random_bf16(tokens * hk * d, 25), qk.k_out_strides = HeadStrides{seq * hk * d, hk * d, d};
     qk.batch = batch, qk.seq = seq, qk.num_q_heads = static_cast<int>(hq), qk.num_k_heads = static_cast<int>(hk);
-#ifndef LAB_SLOW_DIVISION
-    qk = qk.with_fast_divisors();
-#endif
+    qk = lab_divisors(qk);
     RopeParams<bf16, bf16> rp{};
     rp.qk = qk, rp.cos = random_bf16(tokens * d, 26), rp.sin = random_bf16(tokens * d, 27);
     rp.table_b = seq * d, rp.table_s = d, rp.head_dim = rp.rotary_dim = static_cast<int>(d);
@@ -492,9 +498,7 @@ std::vector<Case> make_cases() {
     // Qwen3's per-head q/k RMSNorm + the same RoPE, on the first sample: [1, 4096, 32 + 8, 128].
     QkNormRopeParams<bf16, bf16, bf16> np{};
     np.qk = qk, np.qk.batch = 1;
-#ifndef LAB_SLOW_DIVISION
-    np.qk = np.qk.with_fast_divisors();
-#endif
+    np.qk = lab_divisors(np.qk);
     np.q_weight = random_bf16(d, 28), np.k_weight = random_bf16(d, 29);
     np.cos = rp.cos, np.sin = rp.sin, np.table_b = 0, np.table_s = d;
     np.width = static_cast<int>(d), np.eps = 1e-6f;
@@ -511,9 +515,7 @@ std::vector<Case> make_cases() {
     qk.k = qk.k_out = random_bf16(seq * heads * d, 31);
     qk.q_strides = qk.k_strides = qk.q_out_strides = qk.k_out_strides = HeadStrides{seq * heads * d, heads * d, d};
     qk.batch = 1, qk.seq = seq, qk.num_q_heads = qk.num_k_heads = static_cast<int>(heads);
-#ifndef LAB_SLOW_DIVISION
-    qk = qk.with_fast_divisors();
-#endif
+    qk = lab_divisors(qk);
     RopeParams<bf16, float> rp{};
     rp.qk = qk, rp.cos = ramp_float(seq * d, 1.f), rp.sin = ramp_float(seq * d, 1.f);
     rp.table_b = 0, rp.table_s = d, rp.head_dim = rp.rotary_dim = static_cast<int>(d);
@@ -533,9 +535,7 @@ std::vector<Case> make_cases() {
     qk.q_strides = qk.q_out_strides = HeadStrides{tokens * hq * d, hq * d, d};
     qk.k_strides = qk.k_out_strides = HeadStrides{tokens * hk * d, hk * d, d};
     qk.batch = 1, qk.seq = tokens, qk.num_q_heads = static_cast<int>(hq), qk.num_k_heads = static_cast<int>(hk);
-#ifndef LAB_SLOW_DIVISION
-    qk = qk.with_fast_divisors();
-#endif
+    qk = lab_divisors(qk);
     std::vector<int64_t> host_positions(tokens);
     for (int64_t t = 0; t < tokens; ++t) host_positions[t] = (t * 7919) % max_pos;  // non-monotonic
     int64_t* positions;

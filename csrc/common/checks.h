@@ -12,6 +12,7 @@
 #include <initializer_list>
 #include <limits>
 #include <numeric>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -163,8 +164,8 @@ inline void check_broadcasts_to(const char* op, const at::Tensor& t, const char*
 inline void check_same_as_x(const char* op, const at::Tensor& t, const char* name, const at::Tensor& x,
                             const char* x_name = "x") {
   check_same_device(op, t, name, x, x_name);
-  TORCH_CHECK_TYPE(t.scalar_type() == x.scalar_type(), op, ": ", name, " must have dtype ", x.scalar_type(),
-                   " (the dtype of ", x_name, "), got ", t.scalar_type());
+  if (t.scalar_type() != x.scalar_type())  // the reason is built only for the message
+    check_dtype(op, t, name, x.scalar_type(), ("the dtype of " + std::string(x_name)).c_str());
   check_same_shape(op, t, name, x, x_name);
   check_last_dim_contiguous(op, t, name);
 }

@@ -394,16 +394,6 @@ constexpr auto norm_kernel() {
                           norm_body<T, weight_t, out_t, kNorm, kPre, kMod, kVec, kThreadsPerRow, kPass>>();
 }
 
-// The most threads a block of kKernel may have (its register use), in whole warps, at most kMaxThreads.
-template <auto kKernel>
-int max_block_threads() {
-  static const int max_threads = [] {
-    cudaFuncAttributes attr{};
-    return cudaFuncGetAttributes(&attr, kKernel) == cudaSuccess ? attr.maxThreadsPerBlock : kThreadsPerBlock;
-  }();
-  return std::min(kMaxThreads, max_threads / kWarpSize * kWarpSize);
-}
-
 template <typename T, typename weight_t, typename out_t, NormType kNorm, PreAdd kPre, bool kMod, int kVec>
 cudaError_t launch(const NormParams<T, weight_t, out_t>& p, cudaStream_t stream) {
   const int64_t num_vecs = p.hidden / kVec;
@@ -417,15 +407,15 @@ cudaError_t launch(const NormParams<T, weight_t, out_t>& p, cudaStream_t stream)
   // rounded to whole warps, within `limit` (wider rows re-read their remainder).
   auto block_threads = [](int64_t vecs, int limit) {
     const int64_t wanted = (vecs + kBlockVecs - 1) / kBlockVecs;
-    return static_cast<int>(std::min<int64_t>(limit, (wanted + kWarpSize - 1) / kWarpSize * kWarpSize));
+    return static_cast<int>(std::min<int64_t>({kMaxThreads, limit, (wanted + kWarpSize - 1) / kWarpSize * kWarpSize}));
   };
   if (p.split_chunks > 1) {
     constexpr auto kStats = norm_kernel<T, weight_t, out_t, kNorm, kPre, kMod, kVec, 0, NormPass::kChunkStats>();
     constexpr auto kFromStats = norm_kernel<T, weight_t, out_t, kNorm, kPre, kMod, kVec, 0, NormPass::kChunkFromStats>();
     const int64_t chunk_vecs = p.split_chunk_elems / kVec;
     const dim3 grid(static_cast<unsigned>(p.split_chunks), static_cast<unsigned>(p.num_rows));
-    kStats<<<grid, block_threads(chunk_vecs, max_block_threads<kStats>()), 0, stream>>>(p);
-    kFromStats<<<grid, block_threads(chunk_vecs, max_block_threads<kFromStats>()), 0, stream>>>(p);
+    kStats<<<grid, block_threads(chunk_vecs, max_block_threads<kStats>(kThreadsPerBlock)), 0, stream>>>(p);
+    kFromStats<<<grid, block_threads(chunk_vecs, max_block_threads<kFromStats>(kThreadsPerBlock)), 0, stream>>>(p);
   } else if (num_vecs <= static_cast<int64_t>(kSmallGroup) * kGroupVecs) {
     norm_kernel<T, weight_t, out_t, kNorm, kPre, kMod, kVec, kSmallGroup>()
         <<<grid_for(kThreadsPerBlock / kSmallGroup), kThreadsPerBlock, 0, stream>>>(p);
@@ -434,7 +424,7 @@ cudaError_t launch(const NormParams<T, weight_t, out_t>& p, cudaStream_t stream)
         <<<grid_for(kThreadsPerBlock / kWarpSize), kThreadsPerBlock, 0, stream>>>(p);
   } else {
     constexpr auto kWholeRows = norm_kernel<T, weight_t, out_t, kNorm, kPre, kMod, kVec, 0>();
-    kWholeRows<<<grid_for(1), block_threads(num_vecs, max_block_threads<kWholeRows>()), 0, stream>>>(p);
+    kWholeRows<<<grid_for(1), block_threads(num_vecs, max_block_threads<kWholeRows>(kThreadsPerBlock)), 0, stream>>>(p);
   }
   return cudaGetLastError();
 }

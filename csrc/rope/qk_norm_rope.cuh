@@ -272,6 +272,16 @@ constexpr auto qk_norm_rope_kernel() {
                                             kRows>>();
 }
 
+// Launches kKernel with a block of `threads` per group, or, where its registers do not allow that
+// many threads, reports cudaErrorLaunchOutOfResources without a launch: the whole row stays in
+// registers, so a block has the threads the row needs or none (the caller may take another form).
+template <auto kKernel, typename Params>
+cudaError_t block_per_group(const Params& p, dim3 grid, int threads, cudaStream_t stream) {
+  if (threads > max_block_threads<kKernel>(kMaxThreads)) return cudaErrorLaunchOutOfResources;
+  kKernel<<<grid, threads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
 template <QkNormRopeForm kForm, CosSinSource kSource, typename T, typename weight_t, typename table_t, int kVec,
           int kRows>
 cudaError_t launch(const QkNormRopeParams<T, weight_t, table_t>& p, cudaStream_t stream) {
@@ -299,13 +309,13 @@ cudaError_t launch(const QkNormRopeParams<T, weight_t, table_t>& p, cudaStream_t
       const int wanted = (num_units + units_per_thread - 1) / units_per_thread;
       return (wanted + kWarpSize - 1) / kWarpSize * kWarpSize;
     };
+    constexpr auto kFewVecs =
+        qk_norm_rope_kernel<kForm, kSource, T, weight_t, table_t, kVec, 0, kBlockUnits * vecs_per_unit(kForm), kRows>();
+    constexpr auto kAllVecs = qk_norm_rope_kernel<kForm, kSource, T, weight_t, table_t, kVec, 0, kCachedVecs, kRows>();
     if (threads_for(kBlockUnits) <= kMaxThreads) {
-      qk_norm_rope_kernel<kForm, kSource, T, weight_t, table_t, kVec, 0, kBlockUnits * vecs_per_unit(kForm), kRows>()
-          <<<grid_for(1), threads_for(kBlockUnits), 0, stream>>>(p);
-    } else {  // <= kMaxThreads: host-checked
-      qk_norm_rope_kernel<kForm, kSource, T, weight_t, table_t, kVec, 0, kCachedVecs, kRows>()
-          <<<grid_for(1), threads_for(kCachedUnits), 0, stream>>>(p);
+      return block_per_group<kFewVecs>(p, grid_for(1), threads_for(kBlockUnits), stream);
     }
+    return block_per_group<kAllVecs>(p, grid_for(1), threads_for(kCachedUnits), stream);  // <= kMaxThreads: host-checked
   }
   return cudaGetLastError();
 }
@@ -344,19 +354,17 @@ cudaError_t qk_norm_rope(const QkNormRopeParams<T, weight_t, table_t>& p, cudaSt
   // q's and k's row of a token in one group when each has one norm group: the coordinate form
   // computes the token's sines once; diffusers' table form loads its cos/sin rows once (kernel lab,
   // H200, LTX 2x8064x2048 bf16: 93.4 -> 94.1 % of copy). The shared-table kernels hold two rows a
-  // thread (up to 119 registers): a 1024-thread block of them cannot launch (C = 32768 failed on
-  // the H200), so rows wider than the widest validated there (4096) keep one row a group.
+  // thread (up to 119 registers): where their block cannot have the threads a row needs (C = 32768
+  // asks 1024), the row takes one row a group.
   constexpr int kCoordsRows = rows_per_group(kSource);
   constexpr bool kCanShareTables =
       TK_QK_NORM_ROPE_SHARED_TABLES && kSource == CosSinSource::kTables && kForm == QkNormRopeForm::kDiffusers;
-  constexpr int kSharedTablesMaxWidth = 4096;
-  const bool share_tables =
-      kCanShareTables && p.qk.num_q_heads == 1 && p.qk.num_k_heads == 1 && p.width <= kSharedTablesMaxWidth;
   const bool vectorized = qk_norm_rope_aligned<kForm, kSource, kVec>(p);
   if constexpr (kCanShareTables) {
-    if (share_tables) {
-      return vectorized ? launch<kForm, kSource, T, weight_t, table_t, kVec, 2>(p, stream)
-                        : launch<kForm, kSource, T, weight_t, table_t, kMinVec, 2>(p, stream);
+    if (p.qk.num_q_heads == 1 && p.qk.num_k_heads == 1) {
+      const cudaError_t err = vectorized ? launch<kForm, kSource, T, weight_t, table_t, kVec, 2>(p, stream)
+                                         : launch<kForm, kSource, T, weight_t, table_t, kMinVec, 2>(p, stream);
+      if (err != cudaErrorLaunchOutOfResources) return err;
     }
   }
   return vectorized ? launch<kForm, kSource, T, weight_t, table_t, kVec, kCoordsRows>(p, stream)
