@@ -185,115 +185,117 @@ size_t differing_bytes(const void* a, const void* b, size_t n) {
   return diff;
 }
 
-// ---- Prototype, not in the extension: LTX RoPE from coordinates with the sines shared between
-// the kTokens consecutive tokens of a block (NOTES.md, session 6: the production kernel is
-// issue-bound on sincosf). The angle of pair a of a token is freqs[a / 3] * g[a % 3]; in a video
-// grid consecutive tokens share their frame (axis 0) and usually their row (axis 1), so a block
-// computes each (token, axis) table only when that token's coordinate differs from the previous
-// token's, and reads the rest from the earlier token's table. The same angles and sincosf as
-// LtxCoords: the same bits (checked against the production kernel before timing).
-// q, k contiguous [B, S, C], C % 8 == 0 (16-byte vectors); one shared table entry per (token, axis, f).
+// ---- Prototype, not in the extension: LTX RoPE from coordinates with a thread's sines reused
+// between consecutive tokens (NOTES.md, session 7: the production kernel is issue-bound on
+// sincosf; the shared-memory version of session 6 ran at 30-40 %). The angle of pair a of a token is
+// freqs[a / 3] * g[a % 3]. A thread takes 3 consecutive 16-byte vectors of a row (12 pairs: whole
+// groups of three axes, so pair i of every lane has the same axis) of q and of k, for kTokens
+// consecutive tokens in turn. In a
+// video grid consecutive tokens share their frame (axis 0) and usually their row (axis 1): a token
+// recomputes an axis's sines only when its coordinate differs from the previous token's (a test the
+// same in every lane of a warp, as a group of threads is whole warps). Axis 2 changes every token,
+// so sines per token drop from 3F to F + 2F / kTokens. The same angles and sincosf as LtxCoords:
+// the same bits (checked against the production kernel before timing).
+// q, k: one head each, rows of C elements, C % 8 == 0 (16-byte vectors).
 constexpr int kProtoThreads = 256;
-constexpr int kProtoMaxWidth = 2048;  // C: a thread holds kTokens * 2 rows * C / 8 / 256 vectors
+constexpr int kUnitVecs = 3;                // vectors a thread takes of each row
+constexpr int kUnitPairs = kUnitVecs * 4;   // 12: a multiple of the 3 axes
 
+// Threads of one group of tokens: a unit each, rounded up to whole warps.
+inline int token_group_threads(int rotary_dim) {
+  const int units = (rotary_dim / 8 + kUnitVecs - 1) / kUnitVecs;
+  return (units + kWarpSize - 1) / kWarpSize * kWarpSize;
+}
+
+#ifndef LAB_TOKEN_GROUP_MAXNREG  // register cap of the prototype (lab knob)
+#define LAB_TOKEN_GROUP_MAXNREG 128
+#endif
 template <int kTokens>
-__global__ void __launch_bounds__(kProtoThreads) ltx_rope_coords_shared_sines(RopeParams<bf16, float> p) {
-  extern __shared__ float2 cs_table[];  // [kTokens][3][F]: (cos, sin)
-  __shared__ float g_s[kTokens][3];
-  __shared__ int src_s[kTokens][3];  // the token whose table axis `a` of token t reads
-  const int C = p.rotary_dim, F = C / 6, pad = p.coords.pad_pairs;
-  const int vecs_per_row = C / 8;
+__global__ void __maxnreg__(LAB_TOKEN_GROUP_MAXNREG) ltx_rope_coords_token_groups(RopeParams<bf16, float> p,
+                                                                              int group_threads) {
+  using vec = vec_t<bf16, 8>;
+  const int num_vecs = p.rotary_dim / 8;
+  const int lane = threadIdx.x % group_threads;
+  const int64_t group = static_cast<int64_t>(blockIdx.x) * (blockDim.x / group_threads) + threadIdx.x / group_threads;
   const int64_t num_tokens = p.qk.batch * p.qk.seq;
-  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kTokens;
-  const int tokens_here = static_cast<int>(num_tokens - t0 < kTokens ? num_tokens - t0 : kTokens);
+  const int64_t first_token = group * kTokens;
+  const int v0 = lane * kUnitVecs;
+  if (first_token >= num_tokens || v0 >= num_vecs) return;
+  const int pair0 = v0 * 4 - p.coords.pad_pairs;  // angle index of the unit's first pair
 
-  // 1. Each (token, row)'s input and output, and each token's factors (grid * 2 - 1).
-  __shared__ const bf16* in_s[kTokens][2];
-  __shared__ bf16* out_s[kTokens][2];
-  if (threadIdx.x < tokens_here * 3) {
-    const int t = threadIdx.x / 3, axis = threadIdx.x % 3;
+  auto load_token = [&](int64_t token, vec (&xv)[2][kUnitVecs], bf16* (&out)[2], float (&g)[3]) {
     int64_t b, s;
-    p.qk.token_at(t0 + t, b, s);
-    float g[3];
+    p.qk.token_at(token, b, s);
+    const bf16* x[2];
+    p.qk.head_at(b, s, 0, x[0], out[0]);
+    p.qk.head_at(b, s, 1, x[1], out[1]);
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+      for (int u = 0; u < kUnitVecs; ++u)
+        if (v0 + u < num_vecs) xv[r][u].load(x[r] + (v0 + u) * 8);
     p.coords.token(b, s, g);
-    g_s[t][axis] = g[axis];
-    if (axis < 2) p.qk.head_at(b, s, axis, in_s[t][axis], out_s[t][axis]);
-  }
-  __syncthreads();
-  // 2. Every vector this thread rotates, loaded before the sines (which hide their latency); and,
-  // per axis, which token's table each token reads.
-  const int items = tokens_here * 2 * vecs_per_row;
-  constexpr int kProtoMaxItems = kTokens * 2 * (kProtoMaxWidth / 8) / kProtoThreads;
-  vec_t<bf16, 8> xv[kProtoMaxItems];
+  };
+
+  float prev_g[3] = {0.f, 0.f, 0.f};
+  float c[kUnitPairs], sn[kUnitPairs];  // kept between tokens: the axes a token reuses
+#pragma unroll 1
+  for (int t = 0; t < kTokens && first_token + t < num_tokens; ++t) {
+    // This token's vectors first: its sines hide their latency.
+    vec xv[2][kUnitVecs];
+    bf16* out[2];
+    float g[3];
+    load_token(first_token + t, xv, out, g);
+    // Selects, not indexing by the (runtime) axis: register arrays indexed at runtime go to local memory.
+    const bool reuse0 = t > 0 && __float_as_uint(g[0]) == __float_as_uint(prev_g[0]);
+    const bool reuse1 = t > 0 && __float_as_uint(g[1]) == __float_as_uint(prev_g[1]);
 #pragma unroll
-  for (int k = 0; k < kProtoMaxItems; ++k) {
-    const int i = threadIdx.x + k * kProtoThreads;
-    if (i < items) {
-      const int t = i / (2 * vecs_per_row), r = (i / vecs_per_row) % 2, v = i % vecs_per_row;
-      xv[k].load(in_s[t][r] + v * 8);
-    }
-  }
-  if (threadIdx.x < tokens_here * 3) {
-    const int t = threadIdx.x / 3, axis = threadIdx.x % 3;
-    int src = t;
-    while (src > 0 && __float_as_uint(g_s[src - 1][axis]) == __float_as_uint(g_s[t][axis])) --src;
-    src_s[t][axis] = src;
-  }
-  // 3. The sines each token's table needs: consecutive threads take consecutive f of one (token,
-  // axis), so whole warps skip a shared table together.
-  for (int e = threadIdx.x; e < tokens_here * 3 * F; e += kProtoThreads) {
-    const int t = e / (3 * F), axis = (e / F) % 3, f = e % F;
-    if (t > 0 && __float_as_uint(g_s[t - 1][axis]) == __float_as_uint(g_s[t][axis])) continue;
-    const float angle = __fmul_rn(__ldg(p.coords.freqs + f), g_s[t][axis]);
-    float sn, cs;
-    sincosf(angle, &sn, &cs);
-    cs_table[e] = make_float2(cs, sn);
-  }
-  __syncthreads();
-  // 4. Rotate and store, interleaved pairs in fp32 with one rounding (rotate_pairs<T, true>).
-#pragma unroll
-  for (int k = 0; k < kProtoMaxItems; ++k) {
-    const int i = threadIdx.x + k * kProtoThreads;
-    if (i >= items) continue;
-    const int t = i / (2 * vecs_per_row), r = (i / vecs_per_row) % 2, v = i % vecs_per_row;
-    float x1[4], x2[4], c[4], sn[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      x1[j] = to_float(xv[k][2 * j]), x2[j] = to_float(xv[k][2 * j + 1]);
-      const int a = v * 4 + j - pad;
+    for (int i = 0; i < kUnitPairs; ++i) {
+      const int a = pair0 + i;
       if (a < 0) {
-        c[j] = 1.f, sn[j] = 0.f;
+        c[i] = 1.f, sn[i] = 0.f;
         continue;
       }
-      const int f = a / 3, axis = a - 3 * f;
-      const float2 e = cs_table[(src_s[t][axis] * 3 + axis) * F + f];
-      c[j] = e.x, sn[j] = e.y;
+      const unsigned f = static_cast<unsigned>(a) / 3u, axis = static_cast<unsigned>(a) - 3u * f;
+      if (axis == 0 ? reuse0 : (axis == 1 && reuse1)) continue;
+      const float angle = __fmul_rn(__ldg(p.coords.freqs + f), axis == 0 ? g[0] : (axis == 1 ? g[1] : g[2]));
+      sincosf(angle, &sn[i], &c[i]);
     }
-    bf16 y1[4], y2[4];
-    rope_detail::rotate_pairs<bf16, true>(x1, x2, c, c, sn, sn, y1, y2);
-    vec_t<bf16, 8> o;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) o[2 * j] = y1[j], o[2 * j + 1] = y2[j];
-    o.store(out_s[t][r] + v * 8);
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+      for (int u = 0; u < kUnitVecs; ++u) {
+        if (v0 + u >= num_vecs) continue;
+        float x1[4], x2[4], cu[4], su[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          x1[j] = to_float(xv[r][u][2 * j]), x2[j] = to_float(xv[r][u][2 * j + 1]);
+          cu[j] = c[u * 4 + j], su[j] = sn[u * 4 + j];
+        }
+        bf16 y1[4], y2[4];
+        rope_detail::rotate_pairs<bf16, true>(x1, x2, cu, cu, su, su, y1, y2);
+        vec o;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) o[2 * j] = y1[j], o[2 * j + 1] = y2[j];
+        o.store(out[r] + (v0 + u) * 8);
+      }
+#pragma unroll
+    for (int axis = 0; axis < 3; ++axis) prev_g[axis] = g[axis];
   }
 }
 
 template <int kTokens>
-void launch_ltx_rope_coords_shared_sines(const RopeParams<bf16, float>& p) {
-  if (p.rotary_dim > kProtoMaxWidth || p.rotary_dim % 8 != 0) {
-    std::fprintf(stderr, "the shared-sines prototype takes C <= %d, a multiple of 8\n", kProtoMaxWidth);
+void launch_ltx_rope_coords_token_groups(const RopeParams<bf16, float>& p) {
+  if (p.rotary_dim % 8 != 0 || p.qk.num_q_heads != 1 || p.qk.num_k_heads != 1) {
+    std::fprintf(stderr, "the token-group prototype takes one head of C %% 8 == 0 each for q and k\n");
     std::exit(1);
   }
-  const size_t smem = sizeof(float2) * kTokens * 3 * (p.rotary_dim / 6);
-  static const bool configured = [smem] {
-    CHECK(cudaFuncSetAttribute(ltx_rope_coords_shared_sines<kTokens>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(smem)));
-    return true;
-  }();
-  (void)configured;
-  const int64_t tokens = p.qk.batch * p.qk.seq;
-  ltx_rope_coords_shared_sines<kTokens><<<static_cast<unsigned>((tokens + kTokens - 1) / kTokens), kProtoThreads,
-                                          smem>>>(p);
+  const int group_threads = token_group_threads(p.rotary_dim);
+  const int groups_per_block = std::max(1, kProtoThreads / group_threads);
+  const int64_t groups = (p.qk.batch * p.qk.seq + kTokens - 1) / kTokens;
+  ltx_rope_coords_token_groups<kTokens>
+      <<<static_cast<unsigned>((groups + groups_per_block - 1) / groups_per_block), group_threads * groups_per_block>>>(
+          p, group_threads);
   CHECK(cudaGetLastError());
 }
 
@@ -431,7 +433,7 @@ std::vector<Case> make_cases() {
     cases.push_back({"ltx_rope_from_coords 2x8064x2048", qk_bytes, [rp] {
                        CHECK((rope<RopeStyle::kInterleaved, true, CosSinSource::kLtxCoords>(rp, 0)));
                      }});
-    // The shared-sines prototype, checked bit for bit against the production kernel's output.
+    // The token-group prototype, checked bit for bit against the production kernel's output.
     RopeParams<bf16, float> pp = rp;
     pp.qk.q_out = random_bf16(tokens * c, 35), pp.qk.k_out = random_bf16(tokens * c, 36);
     auto proto_check = [rp, pp](auto launch) {
@@ -445,15 +447,18 @@ std::vector<Case> make_cases() {
                          : "DIFFERS from the production kernel in " + std::to_string(diff) + " bytes";
       };
     };
-    cases.push_back({"ltx_rope_from_coords shared sines, 2 tokens", qk_bytes,
-                     [pp] { launch_ltx_rope_coords_shared_sines<2>(pp); },
-                     proto_check([](const RopeParams<bf16, float>& q) { launch_ltx_rope_coords_shared_sines<2>(q); })});
-    cases.push_back({"ltx_rope_from_coords shared sines, 4 tokens", qk_bytes,
-                     [pp] { launch_ltx_rope_coords_shared_sines<4>(pp); },
-                     proto_check([](const RopeParams<bf16, float>& q) { launch_ltx_rope_coords_shared_sines<4>(q); })});
-    cases.push_back({"ltx_rope_from_coords shared sines, 8 tokens", qk_bytes,
-                     [pp] { launch_ltx_rope_coords_shared_sines<8>(pp); },
-                     proto_check([](const RopeParams<bf16, float>& q) { launch_ltx_rope_coords_shared_sines<8>(q); })});
+    cases.push_back({"ltx_rope_from_coords token groups, 1 tokens", qk_bytes,
+                     [pp] { launch_ltx_rope_coords_token_groups<1>(pp); },
+                     proto_check([](const RopeParams<bf16, float>& q) { launch_ltx_rope_coords_token_groups<1>(q); })});
+    cases.push_back({"ltx_rope_from_coords token groups, 2 tokens", qk_bytes,
+                     [pp] { launch_ltx_rope_coords_token_groups<2>(pp); },
+                     proto_check([](const RopeParams<bf16, float>& q) { launch_ltx_rope_coords_token_groups<2>(q); })});
+    cases.push_back({"ltx_rope_from_coords token groups, 4 tokens", qk_bytes,
+                     [pp] { launch_ltx_rope_coords_token_groups<4>(pp); },
+                     proto_check([](const RopeParams<bf16, float>& q) { launch_ltx_rope_coords_token_groups<4>(q); })});
+    cases.push_back({"ltx_rope_from_coords token groups, 8 tokens", qk_bytes,
+                     [pp] { launch_ltx_rope_coords_token_groups<8>(pp); },
+                     proto_check([](const RopeParams<bf16, float>& q) { launch_ltx_rope_coords_token_groups<8>(q); })});
 
     RopeParams<bf16, float> tr = rp;  // diffusers' fp32 tables [B, S, C], read once for q and k
     tr.cos = ramp_float(tokens * c, 1.f), tr.sin = ramp_float(tokens * c, 1.f);
