@@ -185,118 +185,81 @@ size_t differing_bytes(const void* a, const void* b, size_t n) {
   return diff;
 }
 
-// ---- Prototype, not in the extension: LTX RoPE from coordinates with a thread's sines reused
-// between consecutive tokens (NOTES.md, session 7: the production kernel is issue-bound on
-// sincosf; the shared-memory version of session 6 ran at 30-40 %). The angle of pair a of a token is
-// freqs[a / 3] * g[a % 3]. A thread takes 3 consecutive 16-byte vectors of a row (12 pairs: whole
-// groups of three axes, so pair i of every lane has the same axis) of q and of k, for kTokens
-// consecutive tokens in turn. In a
-// video grid consecutive tokens share their frame (axis 0) and usually their row (axis 1): a token
-// recomputes an axis's sines only when its coordinate differs from the previous token's (a test the
-// same in every lane of a warp, as a group of threads is whole warps). Axis 2 changes every token,
-// so sines per token drop from 3F to F + 2F / kTokens. The same angles and sincosf as LtxCoords:
-// the same bits (checked against the production kernel before timing).
-// q, k: one head each, rows of C elements, C % 8 == 0 (16-byte vectors).
-constexpr int kProtoThreads = 256;
-constexpr int kUnitVecs = 3;                // vectors a thread takes of each row
-constexpr int kUnitPairs = kUnitVecs * 4;   // 12: a multiple of the 3 axes
-
-// Threads of one group of tokens: a unit each, rounded up to whole warps.
-inline int token_group_threads(int rotary_dim) {
-  const int units = (rotary_dim / 8 + kUnitVecs - 1) / kUnitVecs;
-  return (units + kWarpSize - 1) / kWarpSize * kWarpSize;
-}
-
-#ifndef LAB_TOKEN_GROUP_MAXNREG  // register cap of the prototype (lab knob)
-#define LAB_TOKEN_GROUP_MAXNREG 128
+// ---- Prototype, not in the extension: 16-bit activations from a lookup table (NOTES.md, session
+// 7). A bf16 input has 65536 values, so act(x) rounded to bf16 is a table of 128 KB, which fits in
+// one block's shared memory. Each block (one per SM, 1024 threads) first fills the table with the
+// production kernel's own arithmetic (elementwise_detail::apply on one element: the same bits),
+// then streams its share of the vectors with one shared-memory load per element instead of the
+// ~28 instructions of tanhf / expf. The gated form multiplies by `up` as the production kernel
+// does (mul_rn), so its bits are the same too (checked against it before timing).
+// a: [rows, a_stride] contiguous rows, act on its first `cols`; b: up at a + b_offset (gated form);
+// out: [rows, cols] contiguous.
+constexpr int kLutEntries = 1 << 16;
+constexpr int kLutThreads = 1024;
+#ifndef LAB_LUT_VECS  // vectors a thread loads per step (lab knob)
+#define LAB_LUT_VECS 4
 #endif
-template <int kTokens>
-__global__ void __maxnreg__(LAB_TOKEN_GROUP_MAXNREG) ltx_rope_coords_token_groups(RopeParams<bf16, float> p,
-                                                                              int group_threads) {
+constexpr int kLutVecsPerThread = LAB_LUT_VECS;
+
+template <Activation kAct, bool kGated>
+__global__ void __launch_bounds__(kLutThreads, 1) act_lut_kernel(const bf16* a, int64_t b_offset, bf16* out,
+                                                                  int64_t rows, int cols, int64_t a_stride) {
+  extern __shared__ unsigned short lut[];  // [65536]: bits of act(x) for x of bits i
+  for (int i = threadIdx.x; i < kLutEntries; i += kLutThreads) {
+    vec_t<bf16, 1> x, unused;
+    x[0] = __ushort_as_bfloat16(static_cast<unsigned short>(i));
+    lut[i] = __bfloat16_as_ushort(
+        elementwise_detail::apply<bf16, Elementwise::kAct, kAct>(x, unused, unused)[0]);
+  }
+  __syncthreads();
   using vec = vec_t<bf16, 8>;
-  const int num_vecs = p.rotary_dim / 8;
-  const int lane = threadIdx.x % group_threads;
-  const int64_t group = static_cast<int64_t>(blockIdx.x) * (blockDim.x / group_threads) + threadIdx.x / group_threads;
-  const int64_t num_tokens = p.qk.batch * p.qk.seq;
-  const int64_t first_token = group * kTokens;
-  const int v0 = lane * kUnitVecs;
-  if (first_token >= num_tokens || v0 >= num_vecs) return;
-  const int pair0 = v0 * 4 - p.coords.pad_pairs;  // angle index of the unit's first pair
-
-  auto load_token = [&](int64_t token, vec (&xv)[2][kUnitVecs], bf16* (&out)[2], float (&g)[3]) {
-    int64_t b, s;
-    p.qk.token_at(token, b, s);
-    const bf16* x[2];
-    p.qk.head_at(b, s, 0, x[0], out[0]);
-    p.qk.head_at(b, s, 1, x[1], out[1]);
+  const int vecs_per_row = cols / 8;
+  const int64_t num_vecs = rows * vecs_per_row;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kLutThreads;
+  for (int64_t base = blockIdx.x * int64_t{kLutThreads} + threadIdx.x; base < num_vecs;
+       base += stride * kLutVecsPerThread) {
+    vec av[kLutVecsPerThread], bv[kLutVecsPerThread];
+    int64_t a_at[kLutVecsPerThread], out_at[kLutVecsPerThread];
 #pragma unroll
-    for (int r = 0; r < 2; ++r)
-#pragma unroll
-      for (int u = 0; u < kUnitVecs; ++u)
-        if (v0 + u < num_vecs) xv[r][u].load(x[r] + (v0 + u) * 8);
-    p.coords.token(b, s, g);
-  };
-
-  float prev_g[3] = {0.f, 0.f, 0.f};
-  float c[kUnitPairs], sn[kUnitPairs];  // kept between tokens: the axes a token reuses
-#pragma unroll 1
-  for (int t = 0; t < kTokens && first_token + t < num_tokens; ++t) {
-    // This token's vectors first: its sines hide their latency.
-    vec xv[2][kUnitVecs];
-    bf16* out[2];
-    float g[3];
-    load_token(first_token + t, xv, out, g);
-    // Selects, not indexing by the (runtime) axis: register arrays indexed at runtime go to local memory.
-    const bool reuse0 = t > 0 && __float_as_uint(g[0]) == __float_as_uint(prev_g[0]);
-    const bool reuse1 = t > 0 && __float_as_uint(g[1]) == __float_as_uint(prev_g[1]);
-#pragma unroll
-    for (int i = 0; i < kUnitPairs; ++i) {
-      const int a = pair0 + i;
-      if (a < 0) {
-        c[i] = 1.f, sn[i] = 0.f;
-        continue;
-      }
-      const unsigned f = static_cast<unsigned>(a) / 3u, axis = static_cast<unsigned>(a) - 3u * f;
-      if (axis == 0 ? reuse0 : (axis == 1 && reuse1)) continue;
-      const float angle = __fmul_rn(__ldg(p.coords.freqs + f), axis == 0 ? g[0] : (axis == 1 ? g[1] : g[2]));
-      sincosf(angle, &sn[i], &c[i]);
+    for (int u = 0; u < kLutVecsPerThread; ++u) {
+      const int64_t i = base + u * stride;
+      if (i >= num_vecs) continue;
+      const int64_t row = i / vecs_per_row;
+      const int v = static_cast<int>(i - row * vecs_per_row);
+      a_at[u] = row * a_stride + v * 8, out_at[u] = row * cols + v * 8;
+      av[u].load(a + a_at[u]);
+      if constexpr (kGated) bv[u].load(a + b_offset + a_at[u]);
     }
 #pragma unroll
-    for (int r = 0; r < 2; ++r)
+    for (int u = 0; u < kLutVecsPerThread; ++u) {
+      if (base + u * stride >= num_vecs) continue;
+      vec act;
 #pragma unroll
-      for (int u = 0; u < kUnitVecs; ++u) {
-        if (v0 + u >= num_vecs) continue;
-        float x1[4], x2[4], cu[4], su[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          x1[j] = to_float(xv[r][u][2 * j]), x2[j] = to_float(xv[r][u][2 * j + 1]);
-          cu[j] = c[u * 4 + j], su[j] = sn[u * 4 + j];
-        }
-        bf16 y1[4], y2[4];
-        rope_detail::rotate_pairs<bf16, true>(x1, x2, cu, cu, su, su, y1, y2);
-        vec o;
-#pragma unroll
-        for (int j = 0; j < 4; ++j) o[2 * j] = y1[j], o[2 * j + 1] = y2[j];
-        o.store(out[r] + (v0 + u) * 8);
-      }
-#pragma unroll
-    for (int axis = 0; axis < 3; ++axis) prev_g[axis] = g[axis];
+      for (int j = 0; j < 8; ++j) act[j] = __ushort_as_bfloat16(lut[__bfloat16_as_ushort(av[u][j])]);
+      if constexpr (kGated) act = mul_rn(act, bv[u]);
+      act.store(out + out_at[u]);
+    }
   }
 }
 
-template <int kTokens>
-void launch_ltx_rope_coords_token_groups(const RopeParams<bf16, float>& p) {
-  if (p.rotary_dim % 8 != 0 || p.qk.num_q_heads != 1 || p.qk.num_k_heads != 1) {
-    std::fprintf(stderr, "the token-group prototype takes one head of C %% 8 == 0 each for q and k\n");
-    std::exit(1);
-  }
-  const int group_threads = token_group_threads(p.rotary_dim);
-  const int groups_per_block = std::max(1, kProtoThreads / group_threads);
-  const int64_t groups = (p.qk.batch * p.qk.seq + kTokens - 1) / kTokens;
-  ltx_rope_coords_token_groups<kTokens>
-      <<<static_cast<unsigned>((groups + groups_per_block - 1) / groups_per_block), group_threads * groups_per_block>>>(
-          p, group_threads);
+template <Activation kAct, bool kGated>
+void launch_act_lut(const bf16* a, int64_t b_offset, bf16* out, int64_t rows, int cols, int64_t a_stride) {
+  static const int sms = [] {
+    int n = 0;
+    CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, 0));
+    CHECK(cudaFuncSetAttribute(act_lut_kernel<kAct, kGated>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               kLutEntries * 2));
+    return n;
+  }();
+  act_lut_kernel<kAct, kGated><<<sms, kLutThreads, kLutEntries * 2>>>(a, b_offset, out, rows, cols, a_stride);
   CHECK(cudaGetLastError());
+}
+
+// "bit-equal" when the prototype's output (n bf16 at `proto`) equals the production kernel's.
+std::string verdict(const bf16* production, const bf16* proto, size_t n) {
+  const size_t diff = differing_bytes(production, proto, n * sizeof(bf16));
+  return diff == 0 ? std::string("bit-equal to the production kernel")
+                   : "DIFFERS from the production kernel in " + std::to_string(diff) + " bytes";
 }
 
 std::vector<Case> make_cases() {
@@ -315,6 +278,15 @@ std::vector<Case> make_cases() {
     p.num_rows = rows, p.cols = h;
     cases.push_back({"silu_and_mul 4096x(2x14336)", 3.0 * rows * h * kBf16,
                      [p] { CHECK((elementwise<Elementwise::kActMul, Activation::kSilu>(p, 0))); }});
+    bf16* lut_out = random_bf16(rows * h, 37);  // the lookup-table prototype, checked against the above
+    cases.push_back({"silu_and_mul 4096x(2x14336) lookup table", 3.0 * rows * h * kBf16,
+                     [=] { launch_act_lut<Activation::kSilu, true>(in, h, lut_out, rows, h, 2 * h); },
+                     [=] {
+                       CHECK((elementwise<Elementwise::kActMul, Activation::kSilu>(p, 0)));
+                       launch_act_lut<Activation::kSilu, true>(in, h, lut_out, rows, h, 2 * h);
+                       CHECK(cudaDeviceSynchronize());
+                       return verdict(out, lut_out, rows * h);
+                     }});
   }
   // gelu (tanh) on LTX's FFN hidden: [2 x 8064, 8192].
   {
@@ -327,6 +299,15 @@ std::vector<Case> make_cases() {
     p.num_rows = rows, p.cols = h;
     cases.push_back({"gelu_tanh 16128x8192", 2.0 * rows * h * kBf16,
                      [p] { CHECK((elementwise<Elementwise::kAct, Activation::kGeluTanh>(p, 0))); }});
+    bf16* lut_out = random_bf16(rows * h, 38);
+    cases.push_back({"gelu_tanh 16128x8192 lookup table", 2.0 * rows * h * kBf16,
+                     [=] { launch_act_lut<Activation::kGeluTanh, false>(in, 0, lut_out, rows, h, h); },
+                     [=] {
+                       CHECK((elementwise<Elementwise::kAct, Activation::kGeluTanh>(p, 0)));
+                       launch_act_lut<Activation::kGeluTanh, false>(in, 0, lut_out, rows, h, h);
+                       CHECK(cudaDeviceSynchronize());
+                       return verdict(out, lut_out, rows * h);
+                     }});
   }
   // gated residual x + gate * y of an LTX block: [2, 8064, 2048], gate [2, 1, 2048].
   {
@@ -433,33 +414,6 @@ std::vector<Case> make_cases() {
     cases.push_back({"ltx_rope_from_coords 2x8064x2048", qk_bytes, [rp] {
                        CHECK((rope<RopeStyle::kInterleaved, true, CosSinSource::kLtxCoords>(rp, 0)));
                      }});
-    // The token-group prototype, checked bit for bit against the production kernel's output.
-    RopeParams<bf16, float> pp = rp;
-    pp.qk.q_out = random_bf16(tokens * c, 35), pp.qk.k_out = random_bf16(tokens * c, 36);
-    auto proto_check = [rp, pp](auto launch) {
-      return [rp, pp, launch] {
-        CHECK((rope<RopeStyle::kInterleaved, true, CosSinSource::kLtxCoords>(rp, 0)));
-        launch(pp);
-        CHECK(cudaDeviceSynchronize());
-        const size_t n = static_cast<size_t>(rp.qk.batch * rp.qk.seq) * rp.rotary_dim * sizeof(bf16);
-        const size_t diff = differing_bytes(rp.qk.q_out, pp.qk.q_out, n) + differing_bytes(rp.qk.k_out, pp.qk.k_out, n);
-        return diff == 0 ? std::string("bit-equal to the production kernel")
-                         : "DIFFERS from the production kernel in " + std::to_string(diff) + " bytes";
-      };
-    };
-    cases.push_back({"ltx_rope_from_coords token groups, 1 tokens", qk_bytes,
-                     [pp] { launch_ltx_rope_coords_token_groups<1>(pp); },
-                     proto_check([](const RopeParams<bf16, float>& q) { launch_ltx_rope_coords_token_groups<1>(q); })});
-    cases.push_back({"ltx_rope_from_coords token groups, 2 tokens", qk_bytes,
-                     [pp] { launch_ltx_rope_coords_token_groups<2>(pp); },
-                     proto_check([](const RopeParams<bf16, float>& q) { launch_ltx_rope_coords_token_groups<2>(q); })});
-    cases.push_back({"ltx_rope_from_coords token groups, 4 tokens", qk_bytes,
-                     [pp] { launch_ltx_rope_coords_token_groups<4>(pp); },
-                     proto_check([](const RopeParams<bf16, float>& q) { launch_ltx_rope_coords_token_groups<4>(q); })});
-    cases.push_back({"ltx_rope_from_coords token groups, 8 tokens", qk_bytes,
-                     [pp] { launch_ltx_rope_coords_token_groups<8>(pp); },
-                     proto_check([](const RopeParams<bf16, float>& q) { launch_ltx_rope_coords_token_groups<8>(q); })});
-
     RopeParams<bf16, float> tr = rp;  // diffusers' fp32 tables [B, S, C], read once for q and k
     tr.cos = ramp_float(tokens * c, 1.f), tr.sin = ramp_float(tokens * c, 1.f);
     tr.table_b = seq * c, tr.table_s = c;
