@@ -7,6 +7,7 @@
 # cap; everything is packed into one archive, OUT_DIR/results.tgz (the device returns at most 8 files).
 #
 #   TESTS_S=240 LLM_S=60 PROFILE_S=150 MICRO_S=200 LTX_S=0 scripts/gpu_session.sh OUT_DIR [bench_micro args]
+#   PROBE_S=30 (default) times the host cost of a decode-sized call (benchmarks/probe_call_overhead.py)
 #   NCU_S=90 adds Nsight Compute counters of our kernels (scripts/gpu_ncu.sh -> ncu.csv)
 #   MICRO_READ_S=120 adds the micro-benchmarks with L2 flushed by a read (bench_micro --flush read)
 #   PYTEST_ARGS="tests/test_rope.py" runs part of the suite (a short confirming run)
@@ -46,6 +47,8 @@ if [ -n "${LAB_VARIANTS:-}" ]; then  # kernel-lab variants (scripts/gpu_lab.sh),
 fi
 stage tests "${TESTS_S:-240}" "$PYTHON" -m pytest -v --tb=short -p no:cacheprovider --maxfail=200 ${PYTEST_ARGS:-}
 grep -v " PASSED" "$R/tests.log" | grep -E "FAILED|ERROR|passed|failed" | tail -40
+# Where a decode-sized call's host time goes (torch.empty, one aten launch, F.rms_norm, our op).
+stage call_overhead "${PROBE_S:-30}" "$PYTHON" benchmarks/probe_call_overhead.py
 stage llm "${LLM_S:-60}" "$PYTHON" benchmarks/bench_llm.py --out "$R"
 stage profile "${PROFILE_S:-150}" "$PYTHON" benchmarks/profile_e2e.py --out "$R"
 stage ncu "${NCU_S:-0}" bash scripts/gpu_ncu.sh "$R/ncu.csv"

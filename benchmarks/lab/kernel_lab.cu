@@ -175,91 +175,14 @@ struct Case {
   std::function<std::string()> check = nullptr;  // prototypes: a verdict against the production kernel
 };
 
-// Bytes that differ between two device buffers of n bytes.
-size_t differing_bytes(const void* a, const void* b, size_t n) {
+// Bytes that differ between two device buffers of n bytes (a prototype's check against production).
+[[maybe_unused]] size_t differing_bytes(const void* a, const void* b, size_t n) {
   std::vector<unsigned char> ha(n), hb(n);
   CHECK(cudaMemcpy(ha.data(), a, n, cudaMemcpyDeviceToHost));
   CHECK(cudaMemcpy(hb.data(), b, n, cudaMemcpyDeviceToHost));
   size_t diff = 0;
   for (size_t i = 0; i < n; ++i) diff += ha[i] != hb[i];
   return diff;
-}
-
-// ---- Prototype, not in the extension: 16-bit activations from a lookup table (NOTES.md, session
-// 7). A bf16 input has 65536 values, so act(x) rounded to bf16 is a table of 128 KB, which fits in
-// one block's shared memory. Each block (one per SM, 1024 threads) first fills the table with the
-// production kernel's own arithmetic (elementwise_detail::apply on one element: the same bits),
-// then streams its share of the vectors with one shared-memory load per element instead of the
-// ~28 instructions of tanhf / expf. The gated form multiplies by `up` as the production kernel
-// does (mul_rn), so its bits are the same too (checked against it before timing).
-// a: [rows, a_stride] contiguous rows, act on its first `cols`; b: up at a + b_offset (gated form);
-// out: [rows, cols] contiguous.
-constexpr int kLutEntries = 1 << 16;
-constexpr int kLutThreads = 1024;
-#ifndef LAB_LUT_VECS  // vectors a thread loads per step (lab knob)
-#define LAB_LUT_VECS 4
-#endif
-constexpr int kLutVecsPerThread = LAB_LUT_VECS;
-
-template <Activation kAct, bool kGated>
-__global__ void __launch_bounds__(kLutThreads, 1) act_lut_kernel(const bf16* a, int64_t b_offset, bf16* out,
-                                                                  int64_t rows, int cols, int64_t a_stride) {
-  extern __shared__ unsigned short lut[];  // [65536]: bits of act(x) for x of bits i
-  for (int i = threadIdx.x; i < kLutEntries; i += kLutThreads) {
-    vec_t<bf16, 1> x, unused;
-    x[0] = __ushort_as_bfloat16(static_cast<unsigned short>(i));
-    lut[i] = __bfloat16_as_ushort(
-        elementwise_detail::apply<bf16, Elementwise::kAct, kAct>(x, unused, unused)[0]);
-  }
-  __syncthreads();
-  using vec = vec_t<bf16, 8>;
-  const int vecs_per_row = cols / 8;
-  const int64_t num_vecs = rows * vecs_per_row;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * kLutThreads;
-  for (int64_t base = blockIdx.x * int64_t{kLutThreads} + threadIdx.x; base < num_vecs;
-       base += stride * kLutVecsPerThread) {
-    vec av[kLutVecsPerThread], bv[kLutVecsPerThread];
-    int64_t a_at[kLutVecsPerThread], out_at[kLutVecsPerThread];
-#pragma unroll
-    for (int u = 0; u < kLutVecsPerThread; ++u) {
-      const int64_t i = base + u * stride;
-      if (i >= num_vecs) continue;
-      const int64_t row = i / vecs_per_row;
-      const int v = static_cast<int>(i - row * vecs_per_row);
-      a_at[u] = row * a_stride + v * 8, out_at[u] = row * cols + v * 8;
-      av[u].load(a + a_at[u]);
-      if constexpr (kGated) bv[u].load(a + b_offset + a_at[u]);
-    }
-#pragma unroll
-    for (int u = 0; u < kLutVecsPerThread; ++u) {
-      if (base + u * stride >= num_vecs) continue;
-      vec act;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) act[j] = __ushort_as_bfloat16(lut[__bfloat16_as_ushort(av[u][j])]);
-      if constexpr (kGated) act = mul_rn(act, bv[u]);
-      act.store(out + out_at[u]);
-    }
-  }
-}
-
-template <Activation kAct, bool kGated>
-void launch_act_lut(const bf16* a, int64_t b_offset, bf16* out, int64_t rows, int cols, int64_t a_stride) {
-  static const int sms = [] {
-    int n = 0;
-    CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, 0));
-    CHECK(cudaFuncSetAttribute(act_lut_kernel<kAct, kGated>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               kLutEntries * 2));
-    return n;
-  }();
-  act_lut_kernel<kAct, kGated><<<sms, kLutThreads, kLutEntries * 2>>>(a, b_offset, out, rows, cols, a_stride);
-  CHECK(cudaGetLastError());
-}
-
-// "bit-equal" when the prototype's output (n bf16 at `proto`) equals the production kernel's.
-std::string verdict(const bf16* production, const bf16* proto, size_t n) {
-  const size_t diff = differing_bytes(production, proto, n * sizeof(bf16));
-  return diff == 0 ? std::string("bit-equal to the production kernel")
-                   : "DIFFERS from the production kernel in " + std::to_string(diff) + " bytes";
 }
 
 std::vector<Case> make_cases() {
@@ -278,15 +201,6 @@ std::vector<Case> make_cases() {
     p.num_rows = rows, p.cols = h;
     cases.push_back({"silu_and_mul 4096x(2x14336)", 3.0 * rows * h * kBf16,
                      [p] { CHECK((elementwise<Elementwise::kActMul, Activation::kSilu>(p, 0))); }});
-    bf16* lut_out = random_bf16(rows * h, 37);  // the lookup-table prototype, checked against the above
-    cases.push_back({"silu_and_mul 4096x(2x14336) lookup table", 3.0 * rows * h * kBf16,
-                     [=] { launch_act_lut<Activation::kSilu, true>(in, h, lut_out, rows, h, 2 * h); },
-                     [=] {
-                       CHECK((elementwise<Elementwise::kActMul, Activation::kSilu>(p, 0)));
-                       launch_act_lut<Activation::kSilu, true>(in, h, lut_out, rows, h, 2 * h);
-                       CHECK(cudaDeviceSynchronize());
-                       return verdict(out, lut_out, rows * h);
-                     }});
   }
   // gelu (tanh) on LTX's FFN hidden: [2 x 8064, 8192].
   {
@@ -299,15 +213,6 @@ std::vector<Case> make_cases() {
     p.num_rows = rows, p.cols = h;
     cases.push_back({"gelu_tanh 16128x8192", 2.0 * rows * h * kBf16,
                      [p] { CHECK((elementwise<Elementwise::kAct, Activation::kGeluTanh>(p, 0))); }});
-    bf16* lut_out = random_bf16(rows * h, 38);
-    cases.push_back({"gelu_tanh 16128x8192 lookup table", 2.0 * rows * h * kBf16,
-                     [=] { launch_act_lut<Activation::kGeluTanh, false>(in, 0, lut_out, rows, h, h); },
-                     [=] {
-                       CHECK((elementwise<Elementwise::kAct, Activation::kGeluTanh>(p, 0)));
-                       launch_act_lut<Activation::kGeluTanh, false>(in, 0, lut_out, rows, h, h);
-                       CHECK(cudaDeviceSynchronize());
-                       return verdict(out, lut_out, rows * h);
-                     }});
   }
   // gated residual x + gate * y of an LTX block: [2, 8064, 2048], gate [2, 1, 2048].
   {
