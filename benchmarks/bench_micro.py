@@ -187,6 +187,25 @@ def activation_cases(tk, quick: bool) -> Iterator[Case]:
                note="Llama-3.1-8B MLP as transformers computes it: silu(gate_proj(x)) * up_proj(x)")
     if quick:
         return
+    # The 4-64 MB range (the 1.2x bar): a 512-token prefill, a short LTX clip, one LTX residual.
+    xs = torch.randn(512, 2 * 14336, **bf16)
+    yield Case("silu_and_mul", "512x(2x14336)", "bfloat16", nbytes(xs) * 3 // 2,
+               with_baselines(lambda: tk.silu_and_mul(xs), lambda x: eager_act_and_mul(x, "silu"), (xs,)),
+               note="Llama-3.1-8B MLP, 512-token prefill (44 MB)")
+    gs, us = torch.randn(512, 14336, **bf16), torch.randn(512, 14336, **bf16)
+    yield Case("act_mul (silu)", "512x14336 x2", "bfloat16", 3 * nbytes(gs),
+               with_baselines(lambda: tk.act_mul(gs, us, "silu"), lambda g, u: eager_act_mul(g, u, "silu"), (gs, us),
+                              liger=liger_swiglu, liger_args=(gs, us)),
+               note="Llama-3.1-8B MLP as transformers computes it, 512-token prefill (44 MB)")
+    hs = torch.randn(1536, 8192, **bf16)
+    yield Case("gelu (tanh)", "1536x8192", "bfloat16", 2 * nbytes(hs),
+               with_baselines(lambda: tk.gelu(hs, "tanh"), lambda h: eager_activation(h, "gelu_tanh"), (hs,),
+                              eager_name="native"), note="LTX-Video 2B FFN, 25 frames 512x768, one sample (50 MB)")
+    xg, yg = torch.randn(1, 1536, 2048, **bf16), torch.randn(1, 1536, 2048, **bf16)
+    gate_s = torch.randn(1, 1, 2048, **bf16) * 0.3
+    yield Case("gated_add", "1x1536x2048", "bfloat16", 3 * nbytes(xg) + nbytes(gate_s),
+               with_baselines(lambda: tk.gated_add(xg, yg, gate_s), eager_gated_add, (xg, yg, gate_s)),
+               note="LTX-Video 2B residual, 25 frames 512x768, one sample (19 MB)")
     h = torch.randn(16128, 8192, **bf16)
     yield Case("gelu (tanh)", "16128x8192", "bfloat16", 2 * nbytes(h),
                with_baselines(lambda: tk.gelu(h, "tanh"), lambda h: eager_activation(h, "gelu_tanh"), (h,),
@@ -248,6 +267,9 @@ def rope_cases(tk, quick: bool) -> Iterator[Case]:
     if quick:
         return
     yield qwen3_qk_norm_rope_case(tk, 1, 1, 32, 8, 128, "Qwen3-8B decode, 1 token")
+    # The 4-64 MB range (the 1.2x bar): 1024-token prefills (21 MB).
+    yield hf_rope_case(tk, 1, 1024, 32, 8, 128, "Llama-3.1-8B prefill 1024")
+    yield qwen3_qk_norm_rope_case(tk, 1, 1024, 32, 8, 128, "Qwen3-8B prefill 1024")
     yield hf_rope_case(tk, 4, 4096, 32, 8, 128, "Llama-3.1-8B prefill 4x4096")
     # vLLM's form: positions into a cos/sin cache, in place on views of the fused QKV projection
     T, Hq, Hk, d = 16384, 32, 8, 128
