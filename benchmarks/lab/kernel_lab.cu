@@ -213,6 +213,19 @@ std::vector<Case> make_cases() {
     p.num_rows = rows, p.cols = h;
     cases.push_back({"gelu_tanh 16128x8192", 2.0 * rows * h * kBf16,
                      [p] { CHECK((elementwise<Elementwise::kAct, Activation::kGeluTanh>(p, 0))); }});
+    // A short LTX clip (1536 tokens, 50 MB): 2.33 waves of one-row blocks at 48 registers. The same
+    // memory as rows of 1024 elements, so that blocks take several rows and the last wave is finer.
+    const int64_t short_rows = 1536;
+    ElementwiseParams<bf16> ps = p;
+    ps.a_rows = ps.out_rows = rows_of(short_rows, h), ps.num_rows = short_rows;
+    cases.push_back({"gelu_tanh 1536x8192", 2.0 * short_rows * h * kBf16,
+                     [ps] { CHECK((elementwise<Elementwise::kAct, Activation::kGeluTanh>(ps, 0))); }});
+    const int64_t narrow = 1024;
+    ElementwiseParams<bf16> pn = p;
+    pn.a_rows = pn.out_rows = rows_of(short_rows * h / narrow, narrow);
+    pn.num_rows = short_rows * h / narrow, pn.cols = narrow;
+    cases.push_back({"gelu_tanh 1536x8192 as rows of 1024", 2.0 * short_rows * h * kBf16,
+                     [pn] { CHECK((elementwise<Elementwise::kAct, Activation::kGeluTanh>(pn, 0))); }});
   }
   // gated residual x + gate * y of an LTX block: [2, 8064, 2048], gate [2, 1, 2048].
   {

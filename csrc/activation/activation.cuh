@@ -65,7 +65,10 @@ constexpr int kThreadsPerBlock = 256;
 // Vectors each thread loads per step (all in flight together); also what sizes a row's threads.
 // Kernel lab (H200, bf16): 2 per thread, or rows split over several blocks with 1-4 per thread
 // (Triton's shape), measured the same or slower (gelu-tanh 88 -> 76 % with 1).
-constexpr int kVecsPerThread = 4;
+#ifndef TK_ELEMENTWISE_VECS_PER_THREAD  // tuning knob for the kernel lab
+#define TK_ELEMENTWISE_VECS_PER_THREAD 4
+#endif
+constexpr int kVecsPerThread = TK_ELEMENTWISE_VECS_PER_THREAD;
 
 // One vector of results, rounded as the eager code rounds (module comment): the products and the
 // sum of two T values in packed T arithmetic (mul_rn, add_rn: the same bits), the activation in fp32.
