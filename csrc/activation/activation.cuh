@@ -63,12 +63,20 @@ namespace elementwise_detail {
 
 constexpr int kThreadsPerBlock = 256;
 // Vectors each thread loads per step (all in flight together); also what sizes a row's threads.
-// Kernel lab (H200, bf16): 2 per thread, or rows split over several blocks with 1-4 per thread
-// (Triton's shape), measured the same or slower (gelu-tanh 88 -> 76 % with 1).
-#ifndef TK_ELEMENTWISE_VECS_PER_THREAD  // tuning knob for the kernel lab
-#define TK_ELEMENTWISE_VECS_PER_THREAD 4
+// Kernel lab (H200, bf16, session 7), 4 -> 2 a thread: the activations alone gain (gelu-tanh
+// 16128x8192 90.3 -> 92.1 % of copy, 1536x8192 59.5 -> 62.0 %), the gated forms lose (silu_and_mul
+// 92.3 -> 91.6 %, gated_add 89.2 -> 88.6 %). Rows split over several blocks with 1-4 a thread
+// (Triton's shape) measured the same or slower (session 4).
+#ifndef TK_ACT_VECS_PER_THREAD  // tuning knobs for the kernel lab
+#define TK_ACT_VECS_PER_THREAD 2
 #endif
-constexpr int kVecsPerThread = TK_ELEMENTWISE_VECS_PER_THREAD;
+#ifndef TK_GATED_VECS_PER_THREAD
+#define TK_GATED_VECS_PER_THREAD 4
+#endif
+template <Elementwise kOp>
+constexpr int vecs_per_thread() {
+  return kOp == Elementwise::kAct ? TK_ACT_VECS_PER_THREAD : TK_GATED_VECS_PER_THREAD;
+}
 
 // One vector of results, rounded as the eager code rounds (module comment): the products and the
 // sum of two T values in packed T arithmetic (mul_rn, add_rn: the same bits), the activation in fp32.
@@ -115,6 +123,7 @@ TK_DEVICE void elementwise_body(const ElementwiseParams<T>& p) {
   // Column indices are 32-bit (the binding caps rows below 2^31 elements): cheaper addresses.
   const int cols = static_cast<int>(p.cols);
   const int num_vecs = cols / kVec;
+  constexpr int kVecsPerThread = vecs_per_thread<kOp>();
 
   // kVecsPerThread vectors per thread per step, all loads issued before any math or store, so
   // that each thread keeps that many 16-byte loads of every operand in flight.
@@ -146,8 +155,9 @@ TK_DEVICE void elementwise_body(const ElementwiseParams<T>& p) {
 
 template <typename T, Elementwise kOp, Activation kAct, int kVec>
 cudaError_t launch(ElementwiseParams<T> p, cudaStream_t stream) {
-  // Threads per row: a power of two covering the row at kVecsPerThread vectors each, at most a
+  // Threads per row: a power of two covering the row at vecs_per_thread vectors each, at most a
   // block; short rows share a block (rows of one element get one thread each).
+  constexpr int kVecsPerThread = vecs_per_thread<kOp>();
   const int64_t num_vecs = std::max<int64_t>(1, (p.cols + kVec - 1) / kVec);
   const int64_t wanted = (num_vecs + kVecsPerThread - 1) / kVecsPerThread;
   int log2 = 0;
