@@ -10,6 +10,7 @@ from reference.norms import (
     diffusers_norm_modulate,
     float64_norm,
     hf_fused_add_rms_norm,
+    hf_rms_norm,
     ltx_gated_add_norm_modulate,
     torch_layer_norm,
 )
@@ -241,12 +242,10 @@ def test_split_rows(tk, layout, dtype):
 
 
 def test_wide_rows_not_split_when_many(tk):
-    """Many wide rows keep a block per row (enough blocks for every SM): its re-read of the part
-    of a row past what the block holds in registers."""
+    """Many wide rows are not split (enough rows for every SM): each keeps a block, which re-reads
+    the part of its row past what the block holds in registers."""
     x = random_input((600, 40000), torch.bfloat16)
     w = param(40000, torch.bfloat16)
-    from reference.norms import hf_rms_norm
-
     out = tk.rms_norm(x, w, EPS)
     eager = hf_rms_norm(x, w, EPS)
     assert_matches_eager(out, eager, eager.double().abs(), 4)
@@ -257,7 +256,6 @@ def test_rms_norm_over_heads(tk):
     q = random_input((2, 50, 32, 128), torch.bfloat16)
     w = param(128, torch.bfloat16)
     per_head = tk.rms_norm(q, w, 1e-6)
-    from reference.norms import hf_rms_norm
 
     assert_matches_eager(per_head, hf_rms_norm(q, w, 1e-6), hf_rms_norm(q, w, 1e-6).double().abs(), 4)
     view = q.transpose(1, 2)  # non-contiguous
