@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path[:0] = [str(Path(__file__).resolve().parent.parent), str(Path(__file__).resolve().parent.parent / "integration")]
 from benchmarks.harness import environment, wall_time_s  # noqa: E402
-from integrations.loading import load_kernel, use_local_build  # noqa: E402
+from transformer_kernels_integrations.loading import load_kernel, use_local_build  # noqa: E402
 
 LLAMA_31_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                    num_key_value_heads=8, rms_norm_eps=1e-5, vocab_size=128256, max_position_embeddings=8192)
@@ -44,7 +44,7 @@ def run(args, optimized: bool) -> dict:
     model = build(args.layers)
     report = None
     if optimized:
-        from integrations.transformers_models import inject
+        from transformer_kernels_integrations.transformers_models import inject
 
         report = str(inject(model, load_kernel()))
     ids = torch.randint(0, LLAMA_31_8B["vocab_size"], (1, args.prefill_tokens), device="cuda")

@@ -24,9 +24,9 @@ from typing import Callable
 import torch
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path[:0] = [str(Path(__file__).resolve().parent.parent), str(Path(__file__).resolve().parent.parent / "integration")]
 from benchmarks.harness import environment  # noqa: E402
-from integrations.loading import load_kernel, use_local_build  # noqa: E402
+from transformer_kernels_integrations.loading import load_kernel, use_local_build  # noqa: E402
 
 VAE_SPATIAL, VAE_TEMPORAL, LATENT_CHANNELS = 32, 8, 128  # LTX-Video's VAE compression
 TEXT_TOKENS, TEXT_CHANNELS = 128, 4096  # T5-XXL prompt embedding
@@ -70,7 +70,7 @@ def run_pipeline(args, optimized: bool) -> dict:
     pipe = build_pipeline(build_transformer(args.model_size))
     report = None
     if optimized:
-        from integrations.diffusers_models import inject
+        from transformer_kernels_integrations.diffusers_models import inject
 
         report = str(inject(pipe, load_kernel()))
     generate = pipeline_call(pipe, args)
@@ -108,7 +108,7 @@ def run_config(args, optimized: bool, compile_: bool) -> dict:
     model = build_transformer(args.model_size)
     report = None
     if optimized:
-        from integrations.diffusers_models import inject
+        from transformer_kernels_integrations.diffusers_models import inject
 
         report = str(inject(model, load_kernel()))
     if compile_:

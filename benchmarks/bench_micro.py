@@ -19,10 +19,10 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path[:0] = [str(Path(__file__).resolve().parent.parent), str(Path(__file__).resolve().parent.parent / "integration")]
 from benchmarks import harness  # noqa: E402
 from benchmarks.harness import Case, Report, copy_gbps, environment  # noqa: E402
-from integrations.loading import load_kernel, use_local_build  # noqa: E402
+from transformer_kernels_integrations.loading import load_kernel, use_local_build  # noqa: E402
 from reference.activations import eager_act_and_mul, eager_act_mul, eager_activation, eager_gated_add  # noqa: E402
 from reference.rope import (  # noqa: E402
     diffusers_interleaved_rotary,
@@ -325,7 +325,7 @@ def ltx_from_coords_cases(tk, q: torch.Tensor, k: torch.Tensor, wq: torch.Tensor
         from diffusers.models.transformers.transformer_ltx import LTXVideoRotaryPosEmbed
     except ImportError:
         return
-    from integrations.diffusers_models import ltx_rope_coords
+    from transformer_kernels_integrations.diffusers_models import ltx_rope_coords
 
     rope = LTXVideoRotaryPosEmbed(2048, base_num_frames=20, base_height=2048, base_width=2048, patch_size=1,
                                   patch_size_t=1, theta=10000.0)

@@ -7,9 +7,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path[:0] = [str(Path(__file__).resolve().parent.parent), str(Path(__file__).resolve().parent.parent / "integration")]
 from benchmarks.harness import call_latency_us  # noqa: E402
-from integrations.loading import load_kernel, use_local_build  # noqa: E402
+from transformer_kernels_integrations.loading import load_kernel, use_local_build  # noqa: E402
 
 
 def main() -> None:

@@ -22,10 +22,10 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path[:0] = [str(Path(__file__).resolve().parent.parent), str(Path(__file__).resolve().parent.parent / "integration")]
 from benchmarks import bench_llm, bench_ltx  # noqa: E402
 from benchmarks.harness import environment  # noqa: E402
-from integrations.loading import load_kernel, use_local_build  # noqa: E402
+from transformer_kernels_integrations.loading import load_kernel, use_local_build  # noqa: E402
 
 # Kernel name -> class; first match wins.
 CLASSES = (
@@ -79,7 +79,7 @@ def profile_llm(args) -> list[str]:
     for optimized in (False, True):
         model = bench_llm.build(args.llm_layers)
         if optimized:
-            from integrations.transformers_models import inject
+            from transformer_kernels_integrations.transformers_models import inject
 
             inject(model, load_kernel())
         prompt = torch.randint(0, bench_llm.LLAMA_31_8B["vocab_size"], (1, 32), device="cuda")
@@ -100,7 +100,7 @@ def profile_ltx(args) -> list[str]:
     for optimized, compiled in ((False, True), (True, True), (True, False)):
         model = bench_ltx.build_transformer("2b")
         if optimized:
-            from integrations.diffusers_models import inject
+            from transformer_kernels_integrations.diffusers_models import inject
 
             inject(model, load_kernel())
         if compiled:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from integrations.loading import use_local_build  # noqa: E402
+sys.path[:0] = [str(Path(__file__).resolve().parent.parent), str(Path(__file__).resolve().parent.parent / "integration")]
+from transformer_kernels_integrations.loading import use_local_build  # noqa: E402
 
 
 def parser(doc: str) -> argparse.ArgumentParser:

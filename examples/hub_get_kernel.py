@@ -8,7 +8,7 @@
 import torch
 
 from _cli import parse, parser
-from integrations.loading import REPO_ID, VERSION
+from transformer_kernels_integrations.loading import REPO_ID, VERSION
 
 
 def main() -> None:

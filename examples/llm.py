@@ -12,7 +12,7 @@ import time
 import torch
 
 from _cli import parse, parser
-from integrations.transformers_models import inject
+from transformer_kernels_integrations.transformers_models import inject
 
 
 def main() -> None:

@@ -14,7 +14,7 @@ import torch
 
 from _cli import parse, parser
 from benchmarks.harness import wall_time_s
-from integrations.diffusers_models import inject
+from transformer_kernels_integrations.diffusers_models import inject
 
 
 def step_ms(fn) -> float:

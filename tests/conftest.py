@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from integrations.loading import REPO_ID, ROOT, load_kernel, use_local_build
+from transformer_kernels_integrations.loading import REPO_ID, ROOT, load_kernel, use_local_build
 
 BUILD_HINT = "build it first: `python tools/build_kernel.py` (scripts/test.sh does it for you)"
 

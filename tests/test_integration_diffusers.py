@@ -15,7 +15,7 @@ from reference.norms import diffusers_norm_modulate, ltx_gated_add_norm_modulate
 from reference.rope import diffusers_interleaved_rotary, diffusers_qk_norm_rope, ltx_tables_from_coords
 
 diffusers = pytest.importorskip("diffusers")
-from integrations.diffusers_models import LTXAttnProcessor, inject  # noqa: E402
+from transformer_kernels_integrations.diffusers_models import LTXAttnProcessor, inject  # noqa: E402
 
 # The kernel API, implemented with the eager code each op replaces.
 EAGER_TK = SimpleNamespace(
@@ -85,7 +85,7 @@ def test_rope_gives_coordinates_only_where_every_attention_takes_them():
     """The rope module returns LTXRopeCoords once injected, and the processor sends them to the
     coordinate ops; a model with an attention left to diffusers' processor keeps the tables (the
     rope is left alone, with the reason), and so does a context-parallel model."""
-    from integrations.diffusers_models import LTXRopeCoords
+    from transformer_kernels_integrations.diffusers_models import LTXRopeCoords
 
     calls = []
     stand_in = SimpleNamespace(**vars(EAGER_TK))
@@ -290,7 +290,7 @@ def test_ltx_rope_coords_rebuild_the_module_tables_exactly(dim, source):
     GPU tests in test_rope.py compare the kernels with the module's CUDA tables)."""
     from diffusers.models.transformers.transformer_ltx import LTXVideoRotaryPosEmbed
 
-    from integrations.diffusers_models import LTXRopeCoords, ltx_rope_coords
+    from transformer_kernels_integrations.diffusers_models import LTXRopeCoords, ltx_rope_coords
     from reference.rope import ltx_angles_by_index, ltx_angles_from_coords, ltx_tables_from_angles
 
     rope = LTXVideoRotaryPosEmbed(dim, base_num_frames=20, base_height=2048, base_width=2048, patch_size=1,

@@ -15,8 +15,8 @@ from reference.norms import hf_fused_add_rms_norm
 from reference.rope import hf_apply_rotary_pos_emb, hf_qk_norm_rope
 
 transformers = pytest.importorskip("transformers")
-from integrations import transformers_models  # noqa: E402
-from integrations.transformers_models import inject  # noqa: E402
+from transformer_kernels_integrations import transformers_models  # noqa: E402
+from transformer_kernels_integrations.transformers_models import inject  # noqa: E402
 
 EAGER_TK = SimpleNamespace(
     layers=EAGER_LAYERS,
@@ -202,7 +202,7 @@ def test_hub_layers_validate_against_transformers_layers(tk):
     from transformers import activations
     from transformers.models.llama import modeling_llama
 
-    from integrations.transformers_models import HUB_LAYERS, kernel_mapping
+    from transformer_kernels_integrations.transformers_models import HUB_LAYERS, kernel_mapping
 
     hosts = {"RMSNorm": modeling_llama.LlamaRMSNorm, "SiLU": getattr(activations, "SiLUActivation", None),
              "GeluTanh": getattr(activations, "GELUTanh", None),

@@ -298,7 +298,7 @@ def ltx_coords_and_tables(B, F, H, W, C, source):
     pytest.importorskip("diffusers")
     from diffusers.models.transformers.transformer_ltx import LTXVideoRotaryPosEmbed
 
-    from integrations.diffusers_models import ltx_rope_coords
+    from transformer_kernels_integrations.diffusers_models import ltx_rope_coords
 
     rope = LTXVideoRotaryPosEmbed(C, base_num_frames=20, base_height=2048, base_width=2048, patch_size=1,
                                   patch_size_t=1, theta=10000.0)

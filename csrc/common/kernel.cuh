@@ -19,7 +19,7 @@ __global__ void kernel_entry(const Params p) {
 }
 
 // The same with at most kRegisterCap registers per thread (__maxnreg__), so that more warps fit per
-// SM. A separate entry, launched only where the cap was measured to help (benchmarks/lab): the
+// SM. A separate entry, launched only where the cap was measured to help (workshop/lab): the
 // attribute on every kernel, even a cap of 255, changes ptxas's allocation for the others too.
 template <int kRegisterCap, typename Params, void (*kBody)(const Params&)>
 __global__ void __maxnreg__(kRegisterCap) capped_kernel_entry(const Params p) {

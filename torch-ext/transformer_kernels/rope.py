@@ -11,7 +11,7 @@ One launch rotates q and k. The forms follow the libraries they replace:
   rotation above in one pass (q and k in one launch): across all heads for LTX-Video, per head for Flux.
 - ``ltx_rotary_emb_from_coords`` / ``ltx_qk_norm_rope_from_coords``: the two LTX-Video forms with
   cos/sin computed in the kernel from the token coordinates and frequencies ``LTXVideoRotaryPosEmbed``
-  builds its tables from (``integrations/diffusers_models.py: ltx_rope_coords`` computes them from the
+  builds its tables from (``integration/transformer_kernels_integrations/diffusers_models.py: ltx_rope_coords`` computes them from the
   module's arguments): the same bits, without reading the fp32 tables (twice the bytes of a bf16 q).
 - ``qwen3_qk_norm_rope``: transformers' Qwen3 attention from the projections to the rotated q and k:
   ``q_norm``/``k_norm`` (``Qwen3RMSNorm`` per head) and ``apply_rotary_pos_emb`` in one pass, with

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Nsight Compute counters of our kernels and a copy on benchmark shapes (benchmarks/ncu_probe.py):
+# Nsight Compute counters of our kernels and a copy on benchmark shapes (workshop/ncu_probe.py):
 # DRAM and L2 traffic, L1 hit rate, occupancy. Clocks are left as they run (no base-clock lock).
-#   scripts/gpu_ncu.sh OUT_FILE.csv
+#   workshop/gpu_ncu.sh OUT_FILE.csv
 set -uo pipefail
 cd "$(dirname "$0")/.."
 NCU="$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)"
@@ -19,4 +19,4 @@ lts__t_sectors_srcunit_tex_op_read.sum,lts__t_sector_hit_rate.pct
 # (randn) would double the profiling time.
 "$NCU" --clock-control none --kernel-name regex:"kernel_entry|_rms_norm_forward_kernel" \
   --metrics "$METRICS" --section WarpStateStats --section InstructionStats --section ComputeWorkloadAnalysis --csv \
-  "${PYTHON:-python3}" benchmarks/ncu_probe.py > "$1"
+  "${PYTHON:-python3}" workshop/ncu_probe.py > "$1"

@@ -6,14 +6,14 @@
 # Each stage has a time limit (seconds, 0 skips it) so the call ends inside the device's 10-minute
 # cap; everything is packed into one archive, OUT_DIR/results.tgz (the device returns at most 8 files).
 #
-#   TESTS_S=240 LLM_S=60 PROFILE_S=150 MICRO_S=200 LTX_S=0 scripts/gpu_session.sh OUT_DIR [bench_micro args]
+#   TESTS_S=240 LLM_S=60 PROFILE_S=150 MICRO_S=200 LTX_S=0 workshop/gpu_session.sh OUT_DIR [bench_micro args]
 #   PROBE_S=30 (default) times the host cost of a decode-sized call (benchmarks/probe_call_overhead.py)
-#   NCU_S=90 adds Nsight Compute counters of our kernels (scripts/gpu_ncu.sh -> ncu.csv)
+#   NCU_S=90 adds Nsight Compute counters of our kernels (workshop/gpu_ncu.sh -> ncu.csv)
 #   MICRO_READ_S=120 adds the micro-benchmarks with L2 flushed by a read (bench_micro --flush read)
 #   PYTEST_ARGS="tests/test_rope.py" runs part of the suite (a short confirming run)
 #   AB_FLAGS="-DTK_FUSED_CACHED_VECS=2" AB_OPS="modulate fused_add_rms_norm" ...   adds an A/B stage
 #   LAB_VARIANTS="default=;fused2=-DTK_FUSED_CACHED_VECS=2" LAB_CASES="norm" ...   kernel-lab variants
-#     (benchmarks/lab/kernel_lab.cu built per variant: no extension rebuild), after the build
+#     (workshop/lab/kernel_lab.cu built per variant: no extension rebuild), after the build
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="$1"; shift
@@ -41,9 +41,9 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --f
 "$PYTHON" -c "import importlib.metadata as m; print({p: m.version(p) for p in ('torch', 'transformers', 'diffusers', 'kernels', 'accelerate')})" >> "$R/gpu.txt" 2>&1
 stage build "${BUILD_S:-240}" "$PYTHON" tools/build_kernel.py --archs native
 tail -3 "$R/build.log"
-if [ -n "${LAB_VARIANTS:-}" ]; then  # kernel-lab variants (scripts/gpu_lab.sh), ';'-separated name=FLAGS
+if [ -n "${LAB_VARIANTS:-}" ]; then  # kernel-lab variants (workshop/gpu_lab.sh), ';'-separated name=FLAGS
   IFS=';' read -ra lab_variants <<< "$LAB_VARIANTS"
-  stage lab "${LAB_S:-150}" bash scripts/gpu_lab.sh "$R/lab.txt" "${lab_variants[@]}" -- ${LAB_CASES:-}
+  stage lab "${LAB_S:-150}" bash workshop/gpu_lab.sh "$R/lab.txt" "${lab_variants[@]}" -- ${LAB_CASES:-}
 fi
 stage tests "${TESTS_S:-240}" "$PYTHON" -m pytest -v --tb=short -p no:cacheprovider --maxfail=200 ${PYTEST_ARGS:-}
 grep -v " PASSED" "$R/tests.log" | grep -E "FAILED|ERROR|passed|failed" | tail -40
@@ -51,12 +51,12 @@ grep -v " PASSED" "$R/tests.log" | grep -E "FAILED|ERROR|passed|failed" | tail -
 stage call_overhead "${PROBE_S:-30}" "$PYTHON" benchmarks/probe_call_overhead.py
 stage llm "${LLM_S:-60}" "$PYTHON" benchmarks/bench_llm.py --out "$R"
 stage profile "${PROFILE_S:-150}" "$PYTHON" benchmarks/profile_e2e.py --out "$R"
-stage ncu "${NCU_S:-0}" bash scripts/gpu_ncu.sh "$R/ncu.csv"
+stage ncu "${NCU_S:-0}" bash workshop/gpu_ncu.sh "$R/ncu.csv"
 stage micro "${MICRO_S:-200}" "$PYTHON" benchmarks/bench_micro.py --out "$R" "$@"
 # The same with L2 flushed by a read (clean): what the memset flush's dirty lines cost each kernel.
 stage micro_read_flush "${MICRO_READ_S:-0}" "$PYTHON" benchmarks/bench_micro.py --flush read --out "$R" "$@"
-if [ -n "${AB_FLAGS:-}" ]; then  # A/B of a tuning macro (scripts/gpu_ab.sh), results in $R/ab-ab/
-  stage ab "${AB_S:-180}" bash scripts/gpu_ab.sh "$R" ab "$AB_FLAGS" --ops ${AB_OPS:-modulate}
+if [ -n "${AB_FLAGS:-}" ]; then  # A/B of a tuning macro (workshop/gpu_ab.sh), results in $R/ab-ab/
+  stage ab "${AB_S:-180}" bash workshop/gpu_ab.sh "$R" ab "$AB_FLAGS" --ops ${AB_OPS:-modulate}
   echo "$AB_FLAGS" > "$R/ab-ab/flags.txt"
 fi
 stage ltx "${LTX_S:-0}" "$PYTHON" benchmarks/bench_ltx.py --matrix --num-frames 49 --height 512 --width 768 \

@@ -2,7 +2,7 @@
 """Runs each memory-bound kernel once on a benchmark shape, for Nsight Compute to read its counters
 (DRAM and L2 traffic, L1 hit rate, occupancy): where a kernel short of the copy bandwidth loses.
 
-    ncu --metrics <list> --csv python benchmarks/ncu_probe.py      (scripts/gpu_ncu.sh does this)
+    ncu --metrics <list> --csv python workshop/ncu_probe.py      (workshop/gpu_ncu.sh does this)
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from integrations.loading import load_kernel, use_local_build  # noqa: E402
+sys.path[:0] = [str(Path(__file__).resolve().parent.parent), str(Path(__file__).resolve().parent.parent / "integration")]
+from transformer_kernels_integrations.loading import load_kernel, use_local_build  # noqa: E402
 
 
 def main() -> None:

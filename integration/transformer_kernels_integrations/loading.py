@@ -4,7 +4,7 @@ import os
 from pathlib import Path
 from types import ModuleType
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: integration/transformer_kernels_integrations/loading.py
 REPO_ID = "transformer-kernels/transformer-kernels"
 VERSION = 1
 

@@ -1,8 +1,8 @@
 // Kernel lab: times the torch-free kernels straight from their headers (no torch, no build of the
 // extension), so that several builds of one tuning knob can be compared in one GPU call:
-// scripts/gpu_lab.sh compiles this file once per variant (-D flags) in parallel and runs each.
+// workshop/gpu_lab.sh compiles this file once per variant (-D flags) in parallel and runs each.
 //
-//   nvcc -std=c++17 -O3 --expt-relaxed-constexpr -arch=sm_90 -Icsrc [-DTK_...] benchmarks/lab/kernel_lab.cu
+//   nvcc -std=c++17 -O3 --expt-relaxed-constexpr -arch=sm_90 -Icsrc [-DTK_...] workshop/lab/kernel_lab.cu
 //   ./kernel_lab [case-name-substring ...]
 //
 // Prints one line per case: device time (median of CUDA-event timings, L2 flushed before each),

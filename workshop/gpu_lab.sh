@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Kernel lab on the GPU machine: builds benchmarks/lab/kernel_lab.cu once per variant (in
+# Kernel lab on the GPU machine: builds workshop/lab/kernel_lab.cu once per variant (in
 # parallel, sm of the GPU present), runs each in turn and prints one table per variant.
-#   scripts/gpu_lab.sh OUT_FILE "name=FLAGS" ["name=FLAGS" ...] [-- case-substring ...]
-#   e.g. scripts/gpu_lab.sh $OUT/lab.txt "default=" "fused2=-DTK_FUSED_CACHED_VECS=2" -- norm_modulate
+#   workshop/gpu_lab.sh OUT_FILE "name=FLAGS" ["name=FLAGS" ...] [-- case-substring ...]
+#   e.g. workshop/gpu_lab.sh $OUT/lab.txt "default=" "fused2=-DTK_FUSED_CACHED_VECS=2" -- norm_modulate
 # LAB_READ_FLUSH="name ..." runs those variants a second time with L2 flushed by reading (LAB_FLUSH=read).
 # LAB_NCU_CASES="case;..." (';'-separated) profiles one timed launch of each of those cases of the first
 # variant with Nsight Compute (speed of light, occupancy, stall reasons, pipes, memory) into OUT_FILE.ncu.txt.
@@ -18,7 +18,7 @@ BIN="$(mktemp -d)"
 for v in "${VARIANTS[@]}"; do
   name="${v%%=*}"; flags="${v#*=}"
   "$NVCC" -std=c++17 -O3 --expt-relaxed-constexpr -arch="$ARCH" -Icsrc $flags -Xptxas -v \
-    benchmarks/lab/kernel_lab.cu -o "$BIN/$name" > "$BIN/$name.ptxas" 2>&1 &
+    workshop/lab/kernel_lab.cu -o "$BIN/$name" > "$BIN/$name.ptxas" 2>&1 &
 done
 wait
 first="${VARIANTS[0]%%=*}"

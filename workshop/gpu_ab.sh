@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # A/B of a compile-time tuning knob on the GPU machine: benchmarks the given ops built with
 # TK_CUDA_FLAGS=FLAGS into RESULTS_DIR/ab-<name>/, then rebuilds the default.
-#   scripts/gpu_ab.sh RESULTS_DIR NAME "FLAGS" [bench_micro.py args]
-#   e.g. scripts/gpu_ab.sh $OUT fused2 "-DTK_FUSED_CACHED_VECS=2" --ops modulate fused_add_rms_norm
+#   workshop/gpu_ab.sh RESULTS_DIR NAME "FLAGS" [bench_micro.py args]
+#   e.g. workshop/gpu_ab.sh $OUT fused2 "-DTK_FUSED_CACHED_VECS=2" --ops modulate fused_add_rms_norm
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RESULTS_DIR="$1"; NAME="$2"; FLAGS="$3"; shift 3
