@@ -251,7 +251,7 @@ def qwen3_qk_norm_rope_case(tk, B: int, S: int, Hq: int, Hk: int, d: int, note: 
     wq, wk = ((torch.rand(d, device="cuda") + 0.5).to(torch.bfloat16) for _ in range(2))
     angles = torch.randint(0, 32768, (B, S, 1), device="cuda").float() * torch.rand(d // 2, device="cuda")
     cos, sin = (torch.cat((f, f), -1).to(torch.bfloat16) for f in (angles.cos(), angles.sin()))
-    impls = with_baselines(lambda: tk.qwen3_qk_norm_rope(q, k, wq, wk, eps, cos, sin),
+    impls = with_baselines(lambda: tk.hf_qk_norm_rope(q, k, wq, wk, eps, cos, sin),
                            lambda q, k, c, s: hf_qk_norm_rope(q, k, wq, wk, eps, c, s), (q, k, cos, sin))
     # our two kernels one after the other: per-head rms_norm of q and of k, then the rotation of both
     impls["ours unfused"] = lambda: tk.apply_rotary_pos_emb(tk.rms_norm(q, wq, eps).transpose(1, 2),
@@ -333,7 +333,7 @@ def ltx_from_coords_cases(tk, q: torch.Tensor, k: torch.Tensor, wq: torch.Tensor
     args = (q, 21, 16, 24, (8 / 25, 32, 32))
     cos, sin = rope(*args)
     grid, freqs = ltx_rope_coords(rope, *args)
-    impls = with_baselines(lambda: tk.ltx_rotary_emb_from_coords(q, k, grid, freqs),
+    impls = with_baselines(lambda: tk.ltx_rope_from_coords(q, k, grid, freqs),
                            lambda q, k, c, s: (diffusers_interleaved_rotary(q, c, s),
                                                diffusers_interleaved_rotary(k, c, s)), (q, k, cos, sin))
     impls["ours tables"] = lambda: tk.ltx_rotary_emb(q, k, cos, sin)

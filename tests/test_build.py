@@ -114,14 +114,14 @@ def test_every_op_traces_on_meta(tk):
     assert tk.rotary_embedding(positions, qt, kt, 128, torch.empty(64, 128, **meta))[0] is qt
     assert tk.ltx_qk_norm_rope(x, r, w, w, 1e-6, x.float(), x.float())[1].shape == r.shape
     wd = torch.empty(128, **meta)
-    q_out, k_out = tk.qwen3_qk_norm_rope(q, k, wd, wd, 1e-6, cos, cos)
+    q_out, k_out = tk.hf_qk_norm_rope(q, k, wd, wd, 1e-6, cos, cos)
     assert q_out.shape == q.shape and k_out.shape == k.shape and q_out.is_contiguous()
     outs = (torch.empty(2, 8, 9, 128, **meta), torch.empty(2, 2, 9, 128, **meta))
-    assert tk.qwen3_qk_norm_rope(q, k, wd, wd, 1e-6, cos, cos, out=outs) == outs
+    assert tk.hf_qk_norm_rope(q, k, wd, wd, 1e-6, cos, cos, out=outs) == outs
     with pytest.raises(Exception, match="k_out must have the shape"):
-        tk.qwen3_qk_norm_rope(q, k, wd, wd, 1e-6, cos, cos, out=(outs[0], outs[0]))
+        tk.hf_qk_norm_rope(q, k, wd, wd, 1e-6, cos, cos, out=(outs[0], outs[0]))
     grid, freqs = torch.empty(1, 9, 3, device="meta"), torch.empty(256 // 6, device="meta")
-    q_out, k_out = tk.ltx_rotary_emb_from_coords(x, r, grid, freqs)
+    q_out, k_out = tk.ltx_rope_from_coords(x, r, grid, freqs)
     assert q_out.shape == k_out.shape == x.shape and q_out.dtype == torch.bfloat16
     q_out, k_out = tk.ltx_qk_norm_rope_from_coords(x, r, w, w, 1e-6, grid.expand(2, 9, 3), freqs)
     assert q_out.shape == k_out.shape == x.shape and k_out.dtype == torch.bfloat16
@@ -141,7 +141,7 @@ def test_cpu_tensors_rejected_with_clear_error(tk):
     with pytest.raises(ValueError, match="act_mul: gate must be a CUDA tensor, got a tensor on cpu"):
         tk.act_mul(torch.randn(2, 64), torch.randn(2, 64))
     with pytest.raises(ValueError, match="ltx_rope_from_coords: q must be a CUDA tensor, got a tensor on cpu"):
-        tk.ltx_rotary_emb_from_coords(torch.randn(1, 4, 64), torch.randn(1, 4, 64), torch.rand(1, 4, 3),
+        tk.ltx_rope_from_coords(torch.randn(1, 4, 64), torch.randn(1, 4, 64), torch.rand(1, 4, 3),
                                       torch.rand(10))
     with pytest.raises(ValueError, match="ltx_qk_norm_rope_from_coords: q must be a CUDA tensor"):
         tk.ltx_qk_norm_rope_from_coords(torch.randn(1, 4, 64), torch.randn(1, 4, 64), torch.ones(64), torch.ones(64),

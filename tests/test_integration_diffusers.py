@@ -29,7 +29,7 @@ EAGER_TK = SimpleNamespace(
     ltx_rotary_emb=lambda q, k, cos, sin: (diffusers_interleaved_rotary(q, cos, sin),
                                            diffusers_interleaved_rotary(k, cos, sin)),
     ltx_qk_norm_rope=diffusers_qk_norm_rope,
-    ltx_rotary_emb_from_coords=lambda q, k, grid, freqs: EAGER_TK.ltx_rotary_emb(
+    ltx_rope_from_coords=lambda q, k, grid, freqs: EAGER_TK.ltx_rotary_emb(
         q, k, *ltx_tables_from_coords(grid, freqs, q.shape[-1])),
     ltx_qk_norm_rope_from_coords=lambda q, k, q_weight, k_weight, eps, grid, freqs: diffusers_qk_norm_rope(
         q, k, q_weight, k_weight, eps, *ltx_tables_from_coords(grid, freqs, q.shape[-1])),

@@ -23,7 +23,7 @@ EAGER_TK = SimpleNamespace(
     fused_add_rms_norm=lambda x, residual, w=None, eps=1e-6: hf_fused_add_rms_norm(x, residual, w, eps),
     act_mul=lambda gate, up, activation="silu": eager_act_mul(gate, up, activation),
     apply_rotary_pos_emb=hf_apply_rotary_pos_emb,
-    qwen3_qk_norm_rope=hf_qk_norm_rope,
+    hf_qk_norm_rope=hf_qk_norm_rope,
 )
 
 CONFIGS = {
@@ -126,10 +126,10 @@ def test_qwen3_fused_attention_wiring_on_cpu(monkeypatch, attn):
     kernels = CountingKernels(EAGER_TK)
     assert inject(model, kernels).replaced["qk_norm_rope"] == 2
     torch.testing.assert_close(model(ids).logits, expected, rtol=0, atol=0)
-    assert kernels.calls.get("qwen3_qk_norm_rope") == 2  # the fused path ran, once per layer
+    assert kernels.calls.get("hf_qk_norm_rope") == 2  # the fused path ran, once per layer
     for ours, eager in zip(prefill_then_decode(model, ids), expected_steps):
         torch.testing.assert_close(ours, eager, rtol=0, atol=0)
-    assert kernels.calls["qwen3_qk_norm_rope"] == 2 + 4
+    assert kernels.calls["hf_qk_norm_rope"] == 2 + 4
 
 
 def test_qwen3_fused_attention_compiles_fullgraph_on_cpu(monkeypatch):
@@ -152,7 +152,7 @@ def test_qwen3_fused_attention_keeps_transformers_code_for_cpu_tensors():
     kernels = CountingKernels(EAGER_TK)
     inject(model, kernels)
     torch.testing.assert_close(model(ids).logits, expected, rtol=0, atol=0)
-    assert "qwen3_qk_norm_rope" not in kernels.calls
+    assert "hf_qk_norm_rope" not in kernels.calls
 
 
 @pytest.mark.gpu
@@ -187,7 +187,7 @@ def test_qwen3_fused_attention_matches_eager_on_gpu(tk, attn):
     assert inject(model, kernels).replaced["qk_norm_rope"] == 2
     for ours, eager in zip(prefill_then_decode(model, ids), expected):
         assert ((ours.float() - eager.float()).norm() / eager.float().norm()).item() < 1e-2
-    assert kernels.calls["qwen3_qk_norm_rope"] == 4  # both layers, prefill and decode
+    assert kernels.calls["hf_qk_norm_rope"] == 4  # both layers, prefill and decode
     torch._dynamo.reset()
     with torch.no_grad():
         compiled = torch.compile(lambda ids: model(ids).logits, fullgraph=True)(ids)

@@ -265,7 +265,7 @@ def test_flux_qk_norm_rope(tk, dtype, d, offset):
     wq, wk = ((torch.rand(d, device="cuda") + 0.5).to(dtype) for _ in range(2))
     angles = torch.rand(S, d // 2, device="cuda") * 100
     cos, sin = angles.cos().repeat_interleave(2, -1), angles.sin().repeat_interleave(2, -1)
-    q_out, k_out = tk.flux_qk_norm_rope(q, k, wq, wk, eps, cos, sin)
+    q_out, k_out = tk.qk_norm_rope(q, k, wq, wk, eps, cos, sin)
     check_qk_norm_rope(q_out, q, wq, eps, cos[None, :, None], sin[None, :, None])
     check_qk_norm_rope(k_out, k, wk, eps, cos[None, :, None], sin[None, :, None])
 
@@ -326,7 +326,7 @@ def test_ltx_rotary_emb_from_coords(tk, dtype, C, source, offset):
     S = grid.shape[1]
     qkv = random_input((B, S, offset + 3 * C), dtype)[..., offset:]
     q, k = qkv[..., :C], qkv[..., C: 2 * C]  # views of the fused projection
-    q_out, k_out = with_poisoned_outputs(lambda: tk.ltx_rotary_emb_from_coords(q, k, grid, freqs), q, k)
+    q_out, k_out = with_poisoned_outputs(lambda: tk.ltx_rope_from_coords(q, k, grid, freqs), q, k)
     assert_all_written(q_out, k_out)
     q_tab, k_tab = tk.ltx_rotary_emb(q, k, cos, sin)
     assert torch.equal(q_out, q_tab) and torch.equal(k_out, k_tab), "differs from the table form"
@@ -370,7 +370,7 @@ def test_ltx_from_coords_empty_opcheck_and_compile(tk):
     freqs = torch.rand(C // 6, device="cuda")
     for B, S in ((2, 0), (0, 3)):
         q, grid = torch.empty(B, S, C, **bf16), torch.rand(B, S, 3, device="cuda")
-        assert tk.ltx_rotary_emb_from_coords(q, q, grid, freqs)[0].shape == q.shape
+        assert tk.ltx_rope_from_coords(q, q, grid, freqs)[0].shape == q.shape
         assert tk.ltx_qk_norm_rope_from_coords(q, q, w, w, 1e-6, grid, freqs)[1].shape == q.shape
     grid, freqs, _, _ = ltx_coords_and_tables(2, 2, 2, 2, C, "scaled_grid")  # grid: a transposed view
     q, k = random_input((2, 8, C), torch.bfloat16), random_input((2, 8, C), torch.bfloat16)
@@ -380,7 +380,7 @@ def test_ltx_from_coords_empty_opcheck_and_compile(tk):
 
     def attention_inputs(q, k):
         q, k = tk.ltx_qk_norm_rope_from_coords(q, k, w, w, 1e-6, grid, freqs)
-        return tk.ltx_rotary_emb_from_coords(q, k, grid, freqs)
+        return tk.ltx_rope_from_coords(q, k, grid, freqs)
 
     for a, b in zip(torch.compile(attention_inputs, fullgraph=True)(q, k), attention_inputs(q, k)):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
@@ -424,7 +424,7 @@ def test_qwen3_qk_norm_rope(tk, dtype, d, heads, shared_tables):
     q0, k0 = q.clone(), k.clone()
     wq, wk = norm_weight(d, dtype), norm_weight(d, dtype)
     cos, sin = hf_cos_sin(1 if shared_tables else B, S, d, dtype, QWEN3_THETA)  # random, non-monotonic positions
-    q_out, k_out = tk.qwen3_qk_norm_rope(q, k, wq, wk, eps, cos, sin)
+    q_out, k_out = tk.hf_qk_norm_rope(q, k, wq, wk, eps, cos, sin)
     assert q_out.is_contiguous() and k_out.is_contiguous()
     q_eager, k_eager = hf_qk_norm_rope(q, k, wq, wk, eps, cos, sin)
     check_hf_qk_norm_rope(q_out, q, wq, eps, cos, sin, q_eager)
@@ -432,7 +432,7 @@ def test_qwen3_qk_norm_rope(tk, dtype, d, heads, shared_tables):
     assert torch.equal(q, q0) and torch.equal(k, k0), "the inputs changed"
     # out= form into NaN-poisoned outputs: every element written, the same bits
     outs = poisoned(q.shape, dtype), poisoned(k.shape, dtype)
-    assert tk.qwen3_qk_norm_rope(q, k, wq, wk, eps, cos, sin, out=outs) == outs
+    assert tk.hf_qk_norm_rope(q, k, wq, wk, eps, cos, sin, out=outs) == outs
     assert_all_written(*outs)
     assert torch.equal(outs[0], q_out) and torch.equal(outs[1], k_out)
 
@@ -454,7 +454,7 @@ def test_qwen3_qk_norm_rope_equals_eager_bit_for_bit(tk, dtype, d, offset):
     q, k = qwen3_qk(B, S, Hq, Hk, d, dtype, offset, make=exact_square_sums)
     wq, wk = norm_weight(d, dtype), norm_weight(d, dtype)
     cos, sin = hf_cos_sin(B, S, d, dtype, QWEN3_THETA)
-    for ours, eager in zip(tk.qwen3_qk_norm_rope(q, k, wq, wk, eps, cos, sin),
+    for ours, eager in zip(tk.hf_qk_norm_rope(q, k, wq, wk, eps, cos, sin),
                            hf_qk_norm_rope(q, k, wq, wk, eps, cos, sin)):
         assert torch.equal(ours, eager), f"{(ours != eager).sum().item()} elements differ from eager"
 
@@ -472,7 +472,7 @@ def test_qwen3_qk_norm_rope_widths_and_layouts(tk, dtype, d, offset):
     cos_full, sin_full = hf_cos_sin(B, S + 1, d, dtype, QWEN3_THETA)
     cos, sin = cos_full[:, 1:], sin_full[:, 1:]  # leading strides of an [B, S + 1, d] table
     outs = (poisoned((B, Hq, S, d), dtype).transpose(1, 2), poisoned((B, Hk, S, d), dtype).transpose(1, 2))
-    tk.qwen3_qk_norm_rope(q, k, wq, wk, eps, cos, sin, out=outs)
+    tk.hf_qk_norm_rope(q, k, wq, wk, eps, cos, sin, out=outs)
     assert_all_written(*outs)
     q_eager, k_eager = hf_qk_norm_rope(q, k, wq, wk, eps, cos, sin)
     check_hf_qk_norm_rope(outs[0], q, wq, eps, cos, sin, q_eager)
@@ -485,12 +485,12 @@ def test_qwen3_qk_norm_rope_empty(tk):
     for B, S, Hq, Hk in ((2, 0, 4, 2), (0, 3, 4, 2)):
         q, k = qwen3_qk(B, S, Hq, Hk, d, torch.bfloat16)
         cos, sin = hf_cos_sin(B, S, d, torch.bfloat16)
-        q_out, k_out = tk.qwen3_qk_norm_rope(q, k, w, w, 1e-6, cos, sin)
+        q_out, k_out = tk.hf_qk_norm_rope(q, k, w, w, 1e-6, cos, sin)
         assert q_out.shape == q.shape and k_out.shape == k.shape
     # no k heads: q's rows are still all done
     q, k = qwen3_qk(2, 3, 4, 0, d, torch.bfloat16)
     cos, sin = hf_cos_sin(2, 3, d, torch.bfloat16)
-    q_out, k_out = tk.qwen3_qk_norm_rope(q, k, w, w, 1e-6, cos, sin)
+    q_out, k_out = tk.hf_qk_norm_rope(q, k, w, w, 1e-6, cos, sin)
     assert k_out.shape == k.shape
     check_hf_qk_norm_rope(q_out, q, w, 1e-6, cos, sin, hf_qk_norm_rope(q, k, w, w, 1e-6, cos, sin)[0])
 
@@ -505,7 +505,7 @@ def test_qwen3_qk_norm_rope_opcheck_and_compile(tk):
     torch._dynamo.reset()
 
     def attention_inputs(q, k):  # as Qwen3's attention uses it: the [B, H, S, d] views
-        q, k = tk.qwen3_qk_norm_rope(q, k, wq, wk, 1e-6, cos, sin)
+        q, k = tk.hf_qk_norm_rope(q, k, wq, wk, 1e-6, cos, sin)
         return q.transpose(1, 2), k.transpose(1, 2)
 
     for a, b in zip(torch.compile(attention_inputs, fullgraph=True)(q, k), attention_inputs(q, k)):
@@ -586,46 +586,46 @@ BAD = {
     "qk_norm_rope_eps": (lambda t: t.ltx_qk_norm_rope(_bf(1, 4, 64), _bf(1, 4, 64), _bf(64), _bf(64), -1.0,
                                                       _bf(1, 4, 64).float(), _bf(1, 4, 64).float()),
                          ValueError, "eps must be"),
-    "ltx_coords_grid_fp16": (lambda t: t.ltx_rotary_emb_from_coords(_bf(1, 4, 64), _bf(1, 4, 64), _bf(1, 4, 3).half(),
+    "ltx_coords_grid_fp16": (lambda t: t.ltx_rope_from_coords(_bf(1, 4, 64), _bf(1, 4, 64), _bf(1, 4, 3).half(),
                                                                     _f32(10)),
                              TypeError, "grid must have dtype"),
-    "ltx_coords_grid_axes": (lambda t: t.ltx_rotary_emb_from_coords(_bf(1, 4, 64), _bf(1, 4, 64), _f32(1, 4, 2),
+    "ltx_coords_grid_axes": (lambda t: t.ltx_rope_from_coords(_bf(1, 4, 64), _bf(1, 4, 64), _f32(1, 4, 2),
                                                                     _f32(10)),
                              ValueError, r"grid must be \[B or 1, S, 3\]"),
     "ltx_coords_grid_seq_len": (lambda t: t.ltx_qk_norm_rope_from_coords(_bf(1, 4, 64), _bf(1, 4, 64), _bf(64),
                                                                          _bf(64), 1e-6, _f32(1, 5, 3), _f32(10)),
                                 ValueError, r"grid must be \[B or 1, S, 3\]"),
-    "ltx_coords_grid_batch": (lambda t: t.ltx_rotary_emb_from_coords(_bf(2, 4, 64), _bf(2, 4, 64), _f32(3, 4, 3),
+    "ltx_coords_grid_batch": (lambda t: t.ltx_rope_from_coords(_bf(2, 4, 64), _bf(2, 4, 64), _f32(3, 4, 3),
                                                                      _f32(10)),
                               ValueError, r"grid must be \[B or 1, S, 3\]"),
-    "ltx_coords_freqs_count": (lambda t: t.ltx_rotary_emb_from_coords(_bf(1, 4, 64), _bf(1, 4, 64), _f32(1, 4, 3),
+    "ltx_coords_freqs_count": (lambda t: t.ltx_rope_from_coords(_bf(1, 4, 64), _bf(1, 4, 64), _f32(1, 4, 3),
                                                                       _f32(11)),
                                ValueError, r"freqs must be a contiguous \[C // 6\] = \[10\]"),
-    "ltx_coords_freqs_strided": (lambda t: t.ltx_rotary_emb_from_coords(_bf(1, 4, 64), _bf(1, 4, 64), _f32(1, 4, 3),
+    "ltx_coords_freqs_strided": (lambda t: t.ltx_rope_from_coords(_bf(1, 4, 64), _bf(1, 4, 64), _f32(1, 4, 3),
                                                                         _f32(20)[::2]),
                                  ValueError, "freqs must be a contiguous"),
-    "ltx_coords_freqs_fp64": (lambda t: t.ltx_rotary_emb_from_coords(_bf(1, 4, 64), _bf(1, 4, 64), _f32(1, 4, 3),
+    "ltx_coords_freqs_fp64": (lambda t: t.ltx_rope_from_coords(_bf(1, 4, 64), _bf(1, 4, 64), _f32(1, 4, 3),
                                                                      _f32(10).double()),
                               TypeError, "freqs must have dtype"),
-    "ltx_coords_q_4d": (lambda t: t.ltx_rotary_emb_from_coords(_bf(1, 4, 1, 64), _bf(1, 4, 1, 64), _f32(1, 4, 3),
+    "ltx_coords_q_4d": (lambda t: t.ltx_rope_from_coords(_bf(1, 4, 1, 64), _bf(1, 4, 1, 64), _f32(1, 4, 3),
                                                                _f32(10)),
                         ValueError, r"q must be 3-D \[B, S, C\]"),
-    "ltx_coords_k_shape": (lambda t: t.ltx_rotary_emb_from_coords(_bf(1, 4, 64), _bf(1, 4, 32), _f32(1, 4, 3),
+    "ltx_coords_k_shape": (lambda t: t.ltx_rope_from_coords(_bf(1, 4, 64), _bf(1, 4, 32), _f32(1, 4, 3),
                                                                   _f32(10)),
                            ValueError, "k must have the shape of q"),
-    "ltx_coords_k_dtype": (lambda t: t.ltx_rotary_emb_from_coords(_bf(1, 4, 64), _bf(1, 4, 64).half(), _f32(1, 4, 3),
+    "ltx_coords_k_dtype": (lambda t: t.ltx_rope_from_coords(_bf(1, 4, 64), _bf(1, 4, 64).half(), _f32(1, 4, 3),
                                                                   _f32(10)),
                            TypeError, "k must have dtype"),
-    "ltx_coords_odd_width": (lambda t: t.ltx_rotary_emb_from_coords(_bf(1, 4, 63), _bf(1, 4, 63), _f32(1, 4, 3),
+    "ltx_coords_odd_width": (lambda t: t.ltx_rope_from_coords(_bf(1, 4, 63), _bf(1, 4, 63), _f32(1, 4, 3),
                                                                     _f32(10)),
                              ValueError, "must be even"),
-    "ltx_coords_q_last_dim_strided": (lambda t: t.ltx_rotary_emb_from_coords(_bf(1, 64, 4).transpose(1, 2),
+    "ltx_coords_q_last_dim_strided": (lambda t: t.ltx_rope_from_coords(_bf(1, 64, 4).transpose(1, 2),
                                                                              _bf(1, 4, 64), _f32(1, 4, 3), _f32(10)),
                                       ValueError, "q must be contiguous in its last dimension"),
-    "ltx_coords_int_q": (lambda t: t.ltx_rotary_emb_from_coords(torch.ones(1, 4, 64, dtype=torch.int32, device="cuda"),
+    "ltx_coords_int_q": (lambda t: t.ltx_rope_from_coords(torch.ones(1, 4, 64, dtype=torch.int32, device="cuda"),
                                                                 _bf(1, 4, 64), _f32(1, 4, 3), _f32(10)),
                          TypeError, "q must be float32, float16 or bfloat16"),
-    "ltx_coords_grid_cpu": (lambda t: t.ltx_rotary_emb_from_coords(_bf(1, 4, 64), _bf(1, 4, 64), torch.rand(1, 4, 3),
+    "ltx_coords_grid_cpu": (lambda t: t.ltx_rope_from_coords(_bf(1, 4, 64), _bf(1, 4, 64), torch.rand(1, 4, 3),
                                                                    _f32(10)),
                             ValueError, "grid must be a CUDA tensor"),
     "ltx_coords_cpu": (lambda t: t.ltx_qk_norm_rope_from_coords(torch.randn(1, 4, 64), torch.randn(1, 4, 64),
@@ -647,66 +647,66 @@ BAD = {
     "ltx_coords_too_wide": (lambda t: t.ltx_qk_norm_rope_from_coords(_bf(1, 1, 32770), _bf(1, 1, 32770), _bf(32770),
                                                                      _bf(32770), 1e-6, _f32(1, 1, 3), _f32(5461)),
                             ValueError, r"rows of more than \d+ elements"),
-    "qwen3_fp32_tables": (lambda t: t.qwen3_qk_norm_rope(_bf(1, 4, 2, 64), _bf(1, 4, 1, 64), _bf(64), _bf(64), 1e-6,
+    "qwen3_fp32_tables": (lambda t: t.hf_qk_norm_rope(_bf(1, 4, 2, 64), _bf(1, 4, 1, 64), _bf(64), _bf(64), 1e-6,
                                                           _bf(1, 4, 64).float(), _bf(1, 4, 64).float()),
                           TypeError, "cos must have dtype"),
-    "qwen3_fp32_weight": (lambda t: t.qwen3_qk_norm_rope(_bf(1, 4, 2, 64), _bf(1, 4, 1, 64), _bf(64).float(),
+    "qwen3_fp32_weight": (lambda t: t.hf_qk_norm_rope(_bf(1, 4, 2, 64), _bf(1, 4, 1, 64), _bf(64).float(),
                                                           _bf(64).float(), 1e-6, _bf(1, 4, 64), _bf(1, 4, 64)),
                           TypeError, "q_weight must have dtype"),
-    "qwen3_k_dtype": (lambda t: t.qwen3_qk_norm_rope(_bf(1, 4, 2, 64), _bf(1, 4, 1, 64).half(), _bf(64), _bf(64), 1e-6,
+    "qwen3_k_dtype": (lambda t: t.hf_qk_norm_rope(_bf(1, 4, 2, 64), _bf(1, 4, 1, 64).half(), _bf(64), _bf(64), 1e-6,
                                                       _bf(1, 4, 64), _bf(1, 4, 64)),
                       TypeError, "k must have dtype"),
-    "qwen3_int_q": (lambda t: t.qwen3_qk_norm_rope(torch.ones(1, 4, 2, 64, dtype=torch.int32, device="cuda"),
+    "qwen3_int_q": (lambda t: t.hf_qk_norm_rope(torch.ones(1, 4, 2, 64, dtype=torch.int32, device="cuda"),
                                                     _bf(1, 4, 1, 64), _bf(64), _bf(64), 1e-6, _bf(1, 4, 64),
                                                     _bf(1, 4, 64)),
                     TypeError, "q must be float32, float16 or bfloat16"),
-    "qwen3_k_seq_len": (lambda t: t.qwen3_qk_norm_rope(_bf(1, 4, 2, 64), _bf(1, 5, 1, 64), _bf(64), _bf(64), 1e-6,
+    "qwen3_k_seq_len": (lambda t: t.hf_qk_norm_rope(_bf(1, 4, 2, 64), _bf(1, 5, 1, 64), _bf(64), _bf(64), 1e-6,
                                                         _bf(1, 4, 64), _bf(1, 4, 64)),
                         ValueError, "k must be"),
-    "qwen3_q_last_dim_strided": (lambda t: t.qwen3_qk_norm_rope(_bf(1, 4, 64, 2).transpose(-1, -2), _bf(1, 4, 1, 64),
+    "qwen3_q_last_dim_strided": (lambda t: t.hf_qk_norm_rope(_bf(1, 4, 64, 2).transpose(-1, -2), _bf(1, 4, 1, 64),
                                                                  _bf(64), _bf(64), 1e-6, _bf(1, 4, 64), _bf(1, 4, 64)),
                                  ValueError, "q must be contiguous in its last dimension"),
-    "qwen3_table_width": (lambda t: t.qwen3_qk_norm_rope(_bf(1, 4, 2, 64), _bf(1, 4, 1, 64), _bf(64), _bf(64), 1e-6,
+    "qwen3_table_width": (lambda t: t.hf_qk_norm_rope(_bf(1, 4, 2, 64), _bf(1, 4, 1, 64), _bf(64), _bf(64), 1e-6,
                                                           _bf(1, 4, 32), _bf(1, 4, 32)),
                           ValueError, "cos must cover"),
-    "qwen3_table_seq_len": (lambda t: t.qwen3_qk_norm_rope(_bf(1, 4, 2, 64), _bf(1, 4, 1, 64), _bf(64), _bf(64), 1e-6,
+    "qwen3_table_seq_len": (lambda t: t.hf_qk_norm_rope(_bf(1, 4, 2, 64), _bf(1, 4, 1, 64), _bf(64), _bf(64), 1e-6,
                                                             _bf(1, 5, 64), _bf(1, 5, 64)),
                             ValueError, "cos must be"),
-    "qwen3_sin_shape": (lambda t: t.qwen3_qk_norm_rope(_bf(2, 4, 2, 64), _bf(2, 4, 1, 64), _bf(64), _bf(64), 1e-6,
+    "qwen3_sin_shape": (lambda t: t.hf_qk_norm_rope(_bf(2, 4, 2, 64), _bf(2, 4, 1, 64), _bf(64), _bf(64), 1e-6,
                                                         _bf(1, 4, 64), _bf(2, 4, 64)),
                         ValueError, "sin must have the shape of cos"),
-    "qwen3_odd_width": (lambda t: t.qwen3_qk_norm_rope(_bf(1, 4, 2, 63), _bf(1, 4, 1, 63), _bf(63), _bf(63), 1e-6,
+    "qwen3_odd_width": (lambda t: t.hf_qk_norm_rope(_bf(1, 4, 2, 63), _bf(1, 4, 1, 63), _bf(63), _bf(63), 1e-6,
                                                         _bf(1, 4, 63), _bf(1, 4, 63)),
                         ValueError, "must be even"),
-    "qwen3_weight_size": (lambda t: t.qwen3_qk_norm_rope(_bf(1, 4, 2, 64), _bf(1, 4, 1, 64), _bf(64), _bf(128),
+    "qwen3_weight_size": (lambda t: t.hf_qk_norm_rope(_bf(1, 4, 2, 64), _bf(1, 4, 1, 64), _bf(64), _bf(128),
                                                           1e-6, _bf(1, 4, 64), _bf(1, 4, 64)),
                           ValueError, "k_weight must be a contiguous"),
-    "qwen3_eps": (lambda t: t.qwen3_qk_norm_rope(_bf(1, 4, 2, 64), _bf(1, 4, 1, 64), _bf(64), _bf(64), float("nan"),
+    "qwen3_eps": (lambda t: t.hf_qk_norm_rope(_bf(1, 4, 2, 64), _bf(1, 4, 1, 64), _bf(64), _bf(64), float("nan"),
                                                   _bf(1, 4, 64), _bf(1, 4, 64)),
                   ValueError, "eps must be"),
-    "qwen3_too_wide_unaligned": (lambda t: (lambda x: t.qwen3_qk_norm_rope(
+    "qwen3_too_wide_unaligned": (lambda t: (lambda x: t.hf_qk_norm_rope(
         x[..., 1:4099].unflatten(-1, (1, 4098)), x[..., 4099:].unflatten(-1, (1, 4098)), _bf(4098), _bf(4098), 1e-6,
         _bf(1, 1, 4098), _bf(1, 1, 4098)))(_bf(1, 1, 8197)),
         ValueError, r"rows of more than 4096 elements"),
-    "qwen3_out_shape": (lambda t: t.qwen3_qk_norm_rope(_bf(1, 4, 2, 64), _bf(1, 4, 1, 64), _bf(64), _bf(64), 1e-6,
+    "qwen3_out_shape": (lambda t: t.hf_qk_norm_rope(_bf(1, 4, 2, 64), _bf(1, 4, 1, 64), _bf(64), _bf(64), 1e-6,
                                                         _bf(1, 4, 64), _bf(1, 4, 64), out=(_bf(1, 4, 1, 64),
                                                                                            _bf(1, 4, 1, 64))),
                         ValueError, "q_out must have the shape"),
-    "qwen3_out_dtype": (lambda t: t.qwen3_qk_norm_rope(_bf(1, 4, 2, 64), _bf(1, 4, 1, 64), _bf(64), _bf(64), 1e-6,
+    "qwen3_out_dtype": (lambda t: t.hf_qk_norm_rope(_bf(1, 4, 2, 64), _bf(1, 4, 1, 64), _bf(64), _bf(64), 1e-6,
                                                         _bf(1, 4, 64), _bf(1, 4, 64), out=(_bf(1, 4, 2, 64),
                                                                                            _bf(1, 4, 1, 64).float())),
                         TypeError, "k_out must have dtype"),
-    "qwen3_out_is_input": (lambda t: (lambda q, k: t.qwen3_qk_norm_rope(q, k, _bf(64), _bf(64), 1e-6, _bf(1, 4, 64),
+    "qwen3_out_is_input": (lambda t: (lambda q, k: t.hf_qk_norm_rope(q, k, _bf(64), _bf(64), 1e-6, _bf(1, 4, 64),
                                                                         _bf(1, 4, 64), out=(q, k)))(
         _bf(1, 4, 2, 64), _bf(1, 4, 1, 64)), ValueError, "q_out must not share memory with q"),
-    "qwen3_outs_overlap": (lambda t: (lambda o: t.qwen3_qk_norm_rope(_bf(1, 4, 2, 64), _bf(1, 4, 2, 64), _bf(64),
+    "qwen3_outs_overlap": (lambda t: (lambda o: t.hf_qk_norm_rope(_bf(1, 4, 2, 64), _bf(1, 4, 2, 64), _bf(64),
                                                                      _bf(64), 1e-6, _bf(1, 4, 64), _bf(1, 4, 64),
                                                                      out=(o, o)))(_bf(1, 4, 2, 64)),
                            ValueError, "k_out must not share memory with q_out"),
-    "qwen3_out_not_a_pair": (lambda t: t.qwen3_qk_norm_rope(_bf(1, 4, 2, 64), _bf(1, 4, 1, 64), _bf(64), _bf(64), 1e-6,
+    "qwen3_out_not_a_pair": (lambda t: t.hf_qk_norm_rope(_bf(1, 4, 2, 64), _bf(1, 4, 1, 64), _bf(64), _bf(64), 1e-6,
                                                              _bf(1, 4, 64), _bf(1, 4, 64), out=_bf(1, 4, 2, 64)),
                              TypeError, r"out must be a \(q_out, k_out\) pair"),
-    "qwen3_cpu": (lambda t: t.qwen3_qk_norm_rope(torch.randn(1, 4, 2, 64), torch.randn(1, 4, 1, 64), torch.randn(64),
+    "qwen3_cpu": (lambda t: t.hf_qk_norm_rope(torch.randn(1, 4, 2, 64), torch.randn(1, 4, 1, 64), torch.randn(64),
                                                   torch.randn(64), 1e-6, torch.randn(1, 4, 64), torch.randn(1, 4, 64)),
                   ValueError, "hf_qk_norm_rope: q must be a CUDA tensor"),
     "cpu": (lambda t: t.apply_rotary_pos_emb(torch.randn(1, 2, 4, 64), torch.randn(1, 2, 4, 64),

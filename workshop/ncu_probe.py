@@ -43,7 +43,7 @@ def main() -> None:
     tk.ltx_qk_norm_rope(q, k, w[:2048], w[:2048], 1e-6, cos, sin)
     grid, freqs = torch.rand(2, 8064, 3, device="cuda"), torch.rand(2048 // 6, device="cuda") * 15708
     tk.ltx_qk_norm_rope_from_coords(q, k, w[:2048], w[:2048], 1e-6, grid, freqs)
-    tk.ltx_rotary_emb_from_coords(q, k, grid, freqs)
+    tk.ltx_rope_from_coords(q, k, grid, freqs)
     qkv = torch.randn(4, 4096, 48 * 128, **bf16).view(4, 4096, 48, 128).transpose(1, 2)
     hcos, hsin = torch.rand(4, 4096, 128, **bf16), torch.rand(4, 4096, 128, **bf16)
     tk.apply_rotary_pos_emb(qkv[:, :32], qkv[:, 32:40], hcos, hsin)

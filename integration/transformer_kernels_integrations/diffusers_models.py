@@ -215,7 +215,7 @@ class LTXAttnProcessor:
             query = self._qk_norm(attn.norm_q, query)
             key = self._qk_norm(attn.norm_k, key)
             if image_rotary_emb is not None:
-                rotate = self.tk.ltx_rotary_emb_from_coords if from_coords else self.tk.ltx_rotary_emb
+                rotate = self.tk.ltx_rope_from_coords if from_coords else self.tk.ltx_rotary_emb
                 query, key = rotate(query, key, *image_rotary_emb)
 
         query = query.unflatten(2, (attn.heads, -1))

@@ -10,7 +10,7 @@ Mistral, Qwen2 and Qwen3 share one table):
 - ``*RMSNorm`` with ``variance_epsilon``: the Hub ``RMSNorm`` layer's forward (transformers'
   rounding) for the remaining input norms and the final norm.
 - ``Qwen3Attention``/``Qwen3MoeAttention`` with per-head ``q_norm``/``k_norm``: the attention forward
-  runs the two norms and the rotation as one kernel (``qwen3_qk_norm_rope``, transformers' rounding)
+  runs the two norms and the rotation as one kernel (``hf_qk_norm_rope``, transformers' rounding)
   and goes on as transformers' does (cache update, the ``ALL_ATTENTION_FUNCTIONS`` interface, o_proj);
   claims q_norm and k_norm. Tensors the kernel does not take (CPU, mixed dtypes, autocast) run
   transformers' own forward. A module this rule skips falls to the next.
@@ -134,7 +134,7 @@ def _patch_qwen3_attention(module: torch.nn.Module, tk: ModuleType) -> None:
             return original(self, hidden_states, position_embeddings, attention_mask, **kwargs)
         input_shape = hidden_states.shape[:-1]
         hidden_shape = (*input_shape, -1, self.head_dim)
-        query_states, key_states = tk.qwen3_qk_norm_rope(
+        query_states, key_states = tk.hf_qk_norm_rope(
             self.q_proj(hidden_states).view(hidden_shape), self.k_proj(hidden_states).view(hidden_shape),
             q_norm.weight, k_norm.weight, q_norm.variance_epsilon, cos, sin)
         query_states, key_states = query_states.transpose(1, 2), key_states.transpose(1, 2)

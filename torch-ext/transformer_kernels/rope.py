@@ -7,13 +7,13 @@ One launch rotates q and k. The forms follow the libraries they replace:
   the model dtype, half rotation (NeoX), each op rounded to the model dtype.
 - ``ltx_rotary_emb``: diffusers' LTX-Video ``apply_rotary_emb`` on q and k ``[B, S, H*d]`` with fp32
   cos/sin ``[B, S, H*d]``: interleaved pairs over the whole hidden, fp32 math, one rounding.
-- ``ltx_qk_norm_rope`` / ``flux_qk_norm_rope``: the attention's q/k ``torch.nn.RMSNorm`` and the
+- ``ltx_qk_norm_rope`` / ``qk_norm_rope``: the attention's q/k ``torch.nn.RMSNorm`` and the
   rotation above in one pass (q and k in one launch): across all heads for LTX-Video, per head for Flux.
-- ``ltx_rotary_emb_from_coords`` / ``ltx_qk_norm_rope_from_coords``: the two LTX-Video forms with
+- ``ltx_rope_from_coords`` / ``ltx_qk_norm_rope_from_coords``: the two LTX-Video forms with
   cos/sin computed in the kernel from the token coordinates and frequencies ``LTXVideoRotaryPosEmbed``
   builds its tables from (``integration/transformer_kernels_integrations/diffusers_models.py: ltx_rope_coords`` computes them from the
   module's arguments): the same bits, without reading the fp32 tables (twice the bytes of a bf16 q).
-- ``qwen3_qk_norm_rope``: transformers' Qwen3 attention from the projections to the rotated q and k:
+- ``hf_qk_norm_rope``: transformers' Qwen3 attention from the projections to the rotated q and k:
   ``q_norm``/``k_norm`` (``Qwen3RMSNorm`` per head) and ``apply_rotary_pos_emb`` in one pass, with
   transformers' rounding (each op rounded to the model dtype).
 - ``rotary_embedding``: vLLM's op of the same name and signature, in place: token positions index a
@@ -74,16 +74,16 @@ def ltx_qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k
     return q_out.squeeze(2), k_out.squeeze(2)
 
 
-def flux_qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float,
-                      cos: torch.Tensor, sin: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float,
+                 cos: torch.Tensor, sin: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """Flux's per-head ``norm_q``/``norm_k`` (``torch.nn.RMSNorm`` over d) and ``apply_rotary_emb`` in
     one pass. q, k ``[B, S, H, d]``; weights ``[d]``; fp32 cos/sin ``[S, d]``. Returns new tensors."""
     return _qk_norm_rope(q, k, q_weight, k_weight, eps, cos.unsqueeze(0), sin.unsqueeze(0))
 
 
-def qwen3_qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float,
-                       cos: torch.Tensor, sin: torch.Tensor,
-                       out: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+def hf_qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float,
+                    cos: torch.Tensor, sin: torch.Tensor,
+                    out: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """transformers' Qwen3 attention (also Qwen3-MoE) from the projections to the rotated q and k:
     ``q_norm(q)``, ``k_norm(k)`` (``Qwen3RMSNorm`` over each head) then ``apply_rotary_pos_emb``, q
     and k in one launch. The eager code's roundings are kept (``round`` rounds to q's dtype)::
@@ -119,13 +119,13 @@ def qwen3_qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor,
     if out is None:
         return _hf_qk_norm_rope(q, k, q_weight, k_weight, eps, cos, sin)
     if not isinstance(out, (tuple, list)) or len(out) != 2:
-        raise TypeError(f"qwen3_qk_norm_rope: out must be a (q_out, k_out) pair of tensors, got {type(out).__name__}")
+        raise TypeError(f"hf_qk_norm_rope: out must be a (q_out, k_out) pair of tensors, got {type(out).__name__}")
     _hf_qk_norm_rope_out(out[0], out[1], q, k, q_weight, k_weight, eps, cos, sin)
     return out[0], out[1]
 
 
-def ltx_rotary_emb_from_coords(q: torch.Tensor, k: torch.Tensor, grid: torch.Tensor, freqs: torch.Tensor
-                               ) -> Tuple[torch.Tensor, torch.Tensor]:
+def ltx_rope_from_coords(q: torch.Tensor, k: torch.Tensor, grid: torch.Tensor, freqs: torch.Tensor
+                         ) -> Tuple[torch.Tensor, torch.Tensor]:
     """``ltx_rotary_emb`` with cos/sin computed in the kernel instead of read from tables.
 
     For channel pair ``p`` (channels ``2p, 2p + 1``) of ``C = q.shape[-1]``, with ``P = (C % 6) // 2``
@@ -159,7 +159,7 @@ def ltx_qk_norm_rope_from_coords(q: torch.Tensor, k: torch.Tensor, q_weight: tor
                                  eps: float, grid: torch.Tensor, freqs: torch.Tensor
                                  ) -> Tuple[torch.Tensor, torch.Tensor]:
     """``ltx_qk_norm_rope`` (``norm_q``, ``norm_k`` and LTX's rotation in one pass) with cos/sin computed
-    in the kernel from ``grid`` and ``freqs`` as ``ltx_rotary_emb_from_coords`` computes them: the
+    in the kernel from ``grid`` and ``freqs`` as ``ltx_rope_from_coords`` computes them: the
     same bits as ``ltx_qk_norm_rope`` with ``LTXVideoRotaryPosEmbed``'s tables.
 
     Parameters
@@ -171,7 +171,7 @@ def ltx_qk_norm_rope_from_coords(q: torch.Tensor, k: torch.Tensor, q_weight: tor
     eps : float
         The norms' eps (``torch.finfo(torch.float32).eps`` where the module's is None).
     grid, freqs : torch.Tensor
-        As for ``ltx_rotary_emb_from_coords``.
+        As for ``ltx_rope_from_coords``.
 
     Returns
     -------
