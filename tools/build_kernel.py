@@ -275,6 +275,7 @@ def build(archs_spec: str = "all", jobs: int | None = None, root: Path = ROOT, v
     if cxx is None:
         raise SystemExit("no g++ found; install the system C++ compiler or set TK_CXX")
     env = {k: v for k, v in os.environ.items() if k not in ("LIBRARY_PATH", "CC", "CXX", "CUDAHOSTCXX")}
+    env.setdefault("CCACHE_BASEDIR", str(root.parent))
     env.update(TORCH_CUDA_ARCH_LIST=";".join(archs), CUDACXX=nvcc, CXX=cxx, CUDAHOSTCXX=cxx,
                PATH=os.pathsep.join([str(Path(cxx).parent), str(Path(nvcc).parent), env.get("PATH", "")]))
     cmake = shutil.which("cmake", path=str(Path(sys.executable).parent)) or shutil.which("cmake")
@@ -282,9 +283,13 @@ def build(archs_spec: str = "all", jobs: int | None = None, root: Path = ROOT, v
     run = (lambda cmd: subprocess.run(cmd, check=True, env=env)) if verbose else (
         lambda cmd: _run_quiet(cmd, env))
     if not (obj / "build.ninja").exists() or (obj / "CMakeCache.txt").stat().st_mtime < (gen / "CMakeLists.txt").stat().st_mtime:
+        # ccache, where installed, reuses the objects of unchanged sources across builds and
+        # checkouts (CCACHE_BASEDIR makes the paths relative); TK_NO_CCACHE=1 turns it off.
+        ccache = None if os.environ.get("TK_NO_CCACHE") else shutil.which("ccache")
+        launcher = [f"-DCMAKE_{lang}_COMPILER_LAUNCHER={ccache}" for lang in ("CUDA", "CXX")] if ccache else []
         run([cmake, "-S", str(gen), "-B", str(obj), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
              f"-DPython3_EXECUTABLE={sys.executable}", f"-DCMAKE_CUDA_COMPILER={nvcc}",
-             f"-DCMAKE_CXX_COMPILER={cxx}", f"-DCMAKE_CUDA_HOST_COMPILER={cxx}"])
+             f"-DCMAKE_CXX_COMPILER={cxx}", f"-DCMAKE_CUDA_HOST_COMPILER={cxx}", *launcher])
     run([cmake, "--build", str(obj), "--", f"-j{jobs}"])
 
     # Install the flat variant directory: extension, package sources, _ops.py, metadata.json.
