@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 sys.path[:0] = [str(Path(__file__).resolve().parent.parent), str(Path(__file__).resolve().parent.parent / "integration")]
-from benchmarks.harness import environment, wall_time_s  # noqa: E402
+from benchmarks.harness import build_line, environment, wall_time_s  # noqa: E402
 from transformer_kernels_integrations.loading import load_kernel, use_local_build  # noqa: E402
 
 LLAMA_31_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
@@ -83,7 +83,7 @@ def main() -> None:
     eager = results[0]
     lines = [f"# Llama-3.1-8B shape ({args.layers} layers), random weights: {env['gpu']}", "",
              f"torch {env['torch']}, CUDA {env['cuda']}, {env['date']}. Prefill {args.prefill_tokens} tokens "
-             f"(median of {args.repeats}); greedy decode with a static cache, ms per token.", "",
+             f"(median of {args.repeats}); greedy decode with a static cache, ms per token.", "", build_line(env), "",
              "| kernels | prefill ms | vs eager | decode ms/token | vs eager |", "|---|---|---|---|---|"]
     for r in results:
         lines.append(f"| {'ours' if r['optimized_kernels'] else 'eager'} | {r['prefill_ms']:.1f} | "

@@ -30,6 +30,14 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def pytest_report_header(config):
+    """The build the run tests (logs of record then name it): op namespace = git tree + _dirty."""
+    import json
+
+    ids = [json.loads((p / "metadata.json").read_text()).get("id", "?") for p in built_variants()]
+    return f"kernel build: {', '.join(f'{p.name}: {i}' for p, i in zip(built_variants(), ids)) or 'none'}"
+
+
 def built_variants() -> list[Path]:
     return sorted(p for p in (ROOT / "build").glob("torch*") if (p / "metadata.json").exists())
 
