@@ -84,10 +84,10 @@ class EagerRope(P.Impl):
         key.copy_(k_out.reshape(key.shape))
         return query, key
 
-    def ltx_rotary_emb(self, q, k, cos, sin):
+    def ltx_rope(self, q, k, cos, sin):
         return diffusers_interleaved_rotary(q, cos, sin), diffusers_interleaved_rotary(k, cos, sin)
 
-    def flux_rotary_emb(self, q, k, cos, sin):
+    def flux_rope(self, q, k, cos, sin):
         c, s = cos[None, :, None], sin[None, :, None]
         return diffusers_interleaved_rotary(q, c, s), diffusers_interleaved_rotary(k, c, s)
 
@@ -107,7 +107,7 @@ class EagerRope(P.Impl):
         return out
 
     def ltx_rope_from_coords(self, q, k, grid, freqs):
-        return self.ltx_rotary_emb(q, k, *ltx_tables_from_coords(grid, freqs, q.shape[-1]))
+        return self.ltx_rope(q, k, *ltx_tables_from_coords(grid, freqs, q.shape[-1]))
 
     def ltx_qk_norm_rope_from_coords(self, q, k, qw, kw, eps, grid, freqs):
         return self.ltx_qk_norm_rope(q, k, qw, kw, eps, *ltx_tables_from_coords(grid, freqs, q.shape[-1]))
@@ -263,13 +263,13 @@ def prop_interleaved(impl, c):
     if c["form"] == "ltx":  # [B, S, C] (q and k alike): the whole hidden is one row of pairs
         q, k = (t.flatten(-2) for t in make_qk(v, dict(c, Hk=c["Hq"])))
         cos, sin = interleaved_tables(v, B, S, q.shape[-1], c["table_pad"])
-        q_out, k_out = impl.ltx_rotary_emb(q, k, cos, sin)
+        q_out, k_out = impl.ltx_rope(q, k, cos, sin)
         cs, sn = cos, sin
     else:  # Flux: [B, S, H, d] with [S, d] tables shared by the heads
         q, k = make_qk(v, c)
         cos, sin = interleaved_tables(v, 1, S, d, c["table_pad"])
         cos, sin = cos[0], sin[0]
-        q_out, k_out = impl.flux_rotary_emb(q, k, cos, sin)
+        q_out, k_out = impl.flux_rope(q, k, cos, sin)
         cs, sn = cos[None, :, None], sin[None, :, None]
     for out, x in ((q_out, q), (k_out, k)):
         assert out.shape == x.shape and out.dtype == x.dtype

@@ -199,10 +199,10 @@ def rope_ops(dtype, d, eps):
     return {
         "apply_rotary_pos_emb": (lambda t, x: t.apply_rotary_pos_emb(x, k4, hf_cos, hf_sin, unsqueeze_dim=2),
                                  lambda x: hf_apply_rotary_pos_emb(x, k4, hf_cos, hf_sin, unsqueeze_dim=2)),
-        "flux_rotary_emb": (lambda t, x: t.flux_rotary_emb(x, k4, flux_cos, flux_sin),
+        "flux_rope": (lambda t, x: t.flux_rope(x, k4, flux_cos, flux_sin),
                             lambda x: tuple(diffusers_interleaved_rotary(y, flux_cos[None, :, None], flux_sin[None, :, None])
                                             for y in (x, k4))),
-        "ltx_rotary_emb": (lambda t, x: t.ltx_rotary_emb(flat(x), flat(x), ltx_cos, ltx_sin),
+        "ltx_rope": (lambda t, x: t.ltx_rope(flat(x), flat(x), ltx_cos, ltx_sin),
                            lambda x: (diffusers_interleaved_rotary(flat(x), ltx_cos, ltx_sin),) * 2),
         "rotary_embedding": (cached,
                              lambda x: vllm_rotary_embedding_native(positions, x.flatten(0, 1).flatten(1),
@@ -222,7 +222,7 @@ def rope_ops(dtype, d, eps):
     }
 
 
-ROPE_OP_NAMES = ["apply_rotary_pos_emb", "flux_rotary_emb", "ltx_rotary_emb", "rotary_embedding", "qk_norm_rope",
+ROPE_OP_NAMES = ["apply_rotary_pos_emb", "flux_rope", "ltx_rope", "rotary_embedding", "qk_norm_rope",
                  "ltx_qk_norm_rope", "hf_qk_norm_rope", "ltx_rope_from_coords", "ltx_qk_norm_rope_from_coords"]
 
 
