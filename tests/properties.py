@@ -5,9 +5,11 @@ a seed for the values) and checks the result against the float64 reference. It r
 
 - on the GPU with the kernels (``Kernel``; marked gpu), with KERNEL_EXAMPLES examples; the caching
   allocator is filled with NaN before every example, so an output element never written shows;
-- here on the CPU with the eager code the kernels replace (``Eager``), with CPU_EXAMPLES examples:
-  the strategies, the test code and the bounds are checked on every machine (a bound the eager
-  code itself cannot meet would be wrong, not the kernel).
+- here on the CPU, CPU_EXAMPLES examples each: with the eager code the kernels replace (the
+  strategies, the test code and the bounds are checked on every machine: a bound the eager code
+  itself cannot meet would be wrong, not the kernel), and with the package's own Python API over
+  eager ops (``PackageOnCpu``, tests/eager_kernel.py: the calls the GPU run makes, argument for
+  argument, go through the real wrappers and the ops' schemas).
 
 Examples are derandomized (the same examples on every run and machine: hypothesis derives them
 from the test's name) and no example database is kept. ``TK_PROPERTY_SCALE=10`` multiplies the
@@ -26,7 +28,7 @@ from cuda_poison import poison_cuda_cache
 from helpers import DTYPES
 
 SCALE = float(os.environ.get("TK_PROPERTY_SCALE", "1"))
-CPU_EXAMPLES = 25
+CPU_EXAMPLES = 15
 
 
 def budget(examples: int):
@@ -126,6 +128,18 @@ class KernelImpl(Impl):
 
     def __getattr__(self, name):  # the kernel's Python API
         return getattr(self.tk, name)
+
+
+class PackageOnCpu(Impl):
+    """The package's Python API (torch-ext/transformer_kernels) over eager CPU ops."""
+
+    def __getattr__(self, name):
+        from eager_kernel import eager_kernel
+
+        return getattr(eager_kernel(), name)
+
+
+CPU_IMPLS = ("eager", "package")
 
 
 def nan_like(shape, dtype, device, layout):

@@ -56,6 +56,10 @@ class EagerActivations(P.Impl):
 EAGER = EagerActivations()
 
 
+def cpu_impl(name):
+    return EAGER if name == "eager" else P.PackageOnCpu()
+
+
 def act_magnitude(x, act):
     """What act(x)'s rounding errors scale with (as test_activation: GELU's 1 + erf cancels for
     negative x, leaving an absolute error of about ulp(1) * |x| / 2 in fp32)."""
@@ -91,10 +95,11 @@ def test_activation(tk, case):
     prop_activation(P.KernelImpl(tk), case)
 
 
+@pytest.mark.parametrize("impl", P.CPU_IMPLS)
 @P.budget(P.CPU_EXAMPLES)
 @given(case=row_case())
-def test_activation_eager_on_cpu(case):
-    prop_activation(EAGER, case)
+def test_activation_on_cpu(impl, case):
+    prop_activation(cpu_impl(impl), case)
 
 
 def prop_act_and_mul(impl, case, act_first):
@@ -124,10 +129,11 @@ def test_act_and_mul(tk, case, act_first):
     prop_act_and_mul(P.KernelImpl(tk), case, act_first)
 
 
+@pytest.mark.parametrize("impl", P.CPU_IMPLS)
 @P.budget(P.CPU_EXAMPLES)
 @given(case=row_case(), act_first=st.booleans())
-def test_act_and_mul_eager_on_cpu(case, act_first):
-    prop_act_and_mul(EAGER, case, act_first)
+def test_act_and_mul_on_cpu(impl, case, act_first):
+    prop_act_and_mul(cpu_impl(impl), case, act_first)
 
 
 def prop_act_mul(impl, case, up_layout):
@@ -148,10 +154,11 @@ def test_act_mul(tk, case, up_layout):
     prop_act_mul(P.KernelImpl(tk), case, up_layout)
 
 
+@pytest.mark.parametrize("impl", P.CPU_IMPLS)
 @P.budget(P.CPU_EXAMPLES)
 @given(case=row_case(), up_layout=P.layouts())
-def test_act_mul_eager_on_cpu(case, up_layout):
-    prop_act_mul(EAGER, case, up_layout)
+def test_act_mul_on_cpu(impl, case, up_layout):
+    prop_act_mul(cpu_impl(impl), case, up_layout)
 
 
 def gate_operand(v, kind, shape, dtype):
@@ -192,7 +199,8 @@ def test_gated_add(tk, case, gate_kind, y_layout):
     prop_gated_add(P.KernelImpl(tk), case, gate_kind, y_layout)
 
 
+@pytest.mark.parametrize("impl", P.CPU_IMPLS)
 @P.budget(P.CPU_EXAMPLES)
 @given(case=row_case(), gate_kind=gate_kinds, y_layout=P.layouts())
-def test_gated_add_eager_on_cpu(case, gate_kind, y_layout):
-    prop_gated_add(EAGER, case, gate_kind, y_layout)
+def test_gated_add_on_cpu(impl, case, gate_kind, y_layout):
+    prop_gated_add(cpu_impl(impl), case, gate_kind, y_layout)

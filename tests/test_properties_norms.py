@@ -68,6 +68,10 @@ def kernel(tk):
     return P.KernelImpl(tk)
 
 
+def cpu_impl(name):
+    return IMPLS["eager"] if name == "eager" else P.PackageOnCpu()
+
+
 # ---- strategies ----
 
 @st.composite
@@ -112,10 +116,11 @@ def test_rms_norm(tk, case, weight_kind, rounding):
     prop_rms_norm(kernel(tk), case, weight_kind, rounding)
 
 
+@pytest.mark.parametrize("impl", P.CPU_IMPLS)
 @P.budget(P.CPU_EXAMPLES)
 @given(case=row_case(), weight_kind=weight_kinds, rounding=roundings)
-def test_rms_norm_eager_on_cpu(case, weight_kind, rounding):
-    prop_rms_norm(IMPLS["eager"], case, weight_kind, rounding)
+def test_rms_norm_on_cpu(impl, case, weight_kind, rounding):
+    prop_rms_norm(cpu_impl(impl), case, weight_kind, rounding)
 
 
 def prop_fused_add_rms_norm(impl, case, weight_kind, rounding, res_layout):
@@ -141,10 +146,11 @@ def test_fused_add_rms_norm(tk, case, weight_kind, rounding, res_layout):
     prop_fused_add_rms_norm(kernel(tk), case, weight_kind, rounding, res_layout)
 
 
+@pytest.mark.parametrize("impl", P.CPU_IMPLS)
 @P.budget(P.CPU_EXAMPLES)
 @given(case=row_case(), weight_kind=weight_kinds, rounding=roundings, res_layout=P.layouts())
-def test_fused_add_rms_norm_eager_on_cpu(case, weight_kind, rounding, res_layout):
-    prop_fused_add_rms_norm(IMPLS["eager"], case, weight_kind, rounding, res_layout)
+def test_fused_add_rms_norm_on_cpu(impl, case, weight_kind, rounding, res_layout):
+    prop_fused_add_rms_norm(cpu_impl(impl), case, weight_kind, rounding, res_layout)
 
 
 def layer_magnitude(x, w, b, eps):
@@ -179,10 +185,11 @@ def test_layer_norm(tk, case, affine):
     prop_layer_norm(kernel(tk), case, affine)
 
 
+@pytest.mark.parametrize("impl", P.CPU_IMPLS)
 @P.budget(P.CPU_EXAMPLES)
 @given(case=row_case(), affine=affines)
-def test_layer_norm_eager_on_cpu(case, affine):
-    prop_layer_norm(IMPLS["eager"], case, affine)
+def test_layer_norm_on_cpu(impl, case, affine):
+    prop_layer_norm(cpu_impl(impl), case, affine)
 
 
 # ---- AdaLN: broadcast scale / shift / gate ----
@@ -255,10 +262,11 @@ def test_norm_modulate(tk, case):
     prop_norm_modulate(kernel(tk), case)
 
 
+@pytest.mark.parametrize("impl", P.CPU_IMPLS)
 @P.budget(P.CPU_EXAMPLES)
 @given(case=modulation_case())
-def test_norm_modulate_eager_on_cpu(case):
-    prop_norm_modulate(IMPLS["eager"], case)
+def test_norm_modulate_on_cpu(impl, case):
+    prop_norm_modulate(cpu_impl(impl), case)
 
 
 def prop_gated_add_norm_modulate(impl, case, gate_kind, y_layout):
@@ -287,7 +295,8 @@ def test_gated_add_norm_modulate(tk, case, gate_kind, y_layout):
     prop_gated_add_norm_modulate(kernel(tk), case, gate_kind, y_layout)
 
 
+@pytest.mark.parametrize("impl", P.CPU_IMPLS)
 @P.budget(P.CPU_EXAMPLES)
 @given(case=modulation_case(), gate_kind=gates, y_layout=P.layouts())
-def test_gated_add_norm_modulate_eager_on_cpu(case, gate_kind, y_layout):
-    prop_gated_add_norm_modulate(IMPLS["eager"], case, gate_kind, y_layout)
+def test_gated_add_norm_modulate_on_cpu(impl, case, gate_kind, y_layout):
+    prop_gated_add_norm_modulate(cpu_impl(impl), case, gate_kind, y_layout)

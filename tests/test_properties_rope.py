@@ -115,6 +115,11 @@ class EagerRope(P.Impl):
 
 EAGER = EagerRope()
 
+
+def cpu_impl(name):
+    return EAGER if name == "eager" else P.PackageOnCpu()
+
+
 # ---- strategies ----
 
 head_widths = st.one_of(st.sampled_from([2, 8, 18, 32, 40, 64, 72, 96, 128, 256]),
@@ -187,10 +192,11 @@ def test_apply_rotary_pos_emb(tk, c):
     prop_hf_rope(P.KernelImpl(tk), c)
 
 
+@pytest.mark.parametrize("impl", P.CPU_IMPLS)
 @P.budget(P.CPU_EXAMPLES)
 @given(c=hf_case())
-def test_apply_rotary_pos_emb_eager_on_cpu(c):
-    prop_hf_rope(EAGER, c)
+def test_apply_rotary_pos_emb_on_cpu(impl, c):
+    prop_hf_rope(cpu_impl(impl), c)
 
 
 # ---- vLLM's rotary_embedding (positions index a cos_sin_cache; in place) ----
@@ -235,10 +241,11 @@ def test_rotary_embedding(tk, c):
     prop_rotary_embedding(P.KernelImpl(tk), c)
 
 
+@pytest.mark.parametrize("impl", P.CPU_IMPLS)
 @P.budget(P.CPU_EXAMPLES)
 @given(c=cached_case())
-def test_rotary_embedding_eager_on_cpu(c):
-    prop_rotary_embedding(EAGER, c)
+def test_rotary_embedding_on_cpu(impl, c):
+    prop_rotary_embedding(cpu_impl(impl), c)
 
 
 # ---- diffusers' interleaved forms (fp32 tables, one rounding): LTX-Video and Flux ----
@@ -284,10 +291,11 @@ def test_interleaved_rotary(tk, c):
     prop_interleaved(P.KernelImpl(tk), c)
 
 
+@pytest.mark.parametrize("impl", P.CPU_IMPLS)
 @P.budget(P.CPU_EXAMPLES)
 @given(c=interleaved_case())
-def test_interleaved_rotary_eager_on_cpu(c):
-    prop_interleaved(EAGER, c)
+def test_interleaved_rotary_on_cpu(impl, c):
+    prop_interleaved(cpu_impl(impl), c)
 
 
 # ---- the fused q/k norm + RoPE: LTX-Video (across heads), Flux (per head), Qwen3 (transformers) ----
@@ -334,10 +342,11 @@ def test_qk_norm_rope(tk, c):
     prop_qk_norm_rope(P.KernelImpl(tk), c)
 
 
+@pytest.mark.parametrize("impl", P.CPU_IMPLS)
 @P.budget(P.CPU_EXAMPLES)
 @given(c=qk_norm_case())
-def test_qk_norm_rope_eager_on_cpu(c):
-    prop_qk_norm_rope(EAGER, c)
+def test_qk_norm_rope_on_cpu(impl, c):
+    prop_qk_norm_rope(cpu_impl(impl), c)
 
 
 @st.composite
@@ -373,10 +382,11 @@ def test_hf_qk_norm_rope(tk, c):
     prop_hf_qk_norm_rope(P.KernelImpl(tk), c)
 
 
+@pytest.mark.parametrize("impl", P.CPU_IMPLS)
 @P.budget(P.CPU_EXAMPLES)
 @given(c=hf_qk_norm_case())
-def test_hf_qk_norm_rope_eager_on_cpu(c):
-    prop_hf_qk_norm_rope(EAGER, c)
+def test_hf_qk_norm_rope_on_cpu(impl, c):
+    prop_hf_qk_norm_rope(cpu_impl(impl), c)
 
 
 # ---- LTX-Video's forms with cos/sin computed from the token coordinates ----
@@ -425,7 +435,8 @@ def test_ltx_coords(tk, c):
     prop_ltx_coords(P.KernelImpl(tk), c)
 
 
+@pytest.mark.parametrize("impl", P.CPU_IMPLS)
 @P.budget(P.CPU_EXAMPLES)
 @given(c=ltx_coords_case())
-def test_ltx_coords_eager_on_cpu(c):
-    prop_ltx_coords(EAGER, c)
+def test_ltx_coords_on_cpu(impl, c):
+    prop_ltx_coords(cpu_impl(impl), c)

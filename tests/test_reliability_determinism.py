@@ -23,6 +23,7 @@ from helpers import DTYPES, assert_within, random_input
 from reference.norms import float64_norm, rms_norm_float64
 
 pytestmark = pytest.mark.gpu
+DEVICE = "cuda"  # (a CPU dry run of the test code sets it to "cpu" with an eager stand-in for the kernel)
 
 SPLIT_MIN_HIDDEN = 16384  # csrc/norm/norm.cuh: kSplitMinHidden (rows wider than this may be split)
 SPLIT_HIDDEN = 3 * 8192 + 5
@@ -33,13 +34,13 @@ def sm_count():
 
 
 def param(n, dtype, lo=0.5, hi=1.5):
-    return (torch.rand(n, device="cuda") * (hi - lo) + lo).to(dtype)
+    return (torch.rand(n, device=DEVICE) * (hi - lo) + lo).to(dtype)
 
 
 def norm_ops(hidden, dtype):
     """Per-row forms of the family: each returns the outputs for x [rows, hidden]."""
     w, b = param(hidden, dtype), param(hidden, dtype, -0.5, 0.5)
-    scale, shift = random_input((1, hidden), dtype, scale=0.5, offset=0.0), random_input((1, hidden), dtype)
+    scale, shift = random_input((1, hidden), dtype, scale=0.5, offset=0.0, device=DEVICE), random_input((1, hidden), dtype, device=DEVICE)
     return {
         "rms_norm": lambda t, x, r: (t.rms_norm(x, w),),
         "layer_norm": lambda t, x, r: (t.layer_norm(x, w, b),),
@@ -56,10 +57,10 @@ def row_in_batches(tk, op, dtype, hidden, batches, row=0):
     """Row `row`'s outputs (the same values every time) computed in batches of the given sizes,
     the other rows random; returns one list of outputs per batch."""
     fn = norm_ops(hidden, dtype)[op]
-    x0, r0 = random_input((1, hidden), dtype), random_input((1, hidden), dtype)
+    x0, r0 = random_input((1, hidden), dtype, device=DEVICE), random_input((1, hidden), dtype, device=DEVICE)
     results = []
     for n in batches:
-        x, r = random_input((n, hidden), dtype), random_input((n, hidden), dtype)
+        x, r = random_input((n, hidden), dtype, device=DEVICE), random_input((n, hidden), dtype, device=DEVICE)
         pos = min(row, n - 1) if row >= 0 else n - 1
         x[pos], r[pos] = x0[0], r0[0]
         results.append([o[pos] for o in fn(tk, x, r)])
@@ -103,7 +104,7 @@ def test_split_and_whole_rows_agree_with_float64(tk, dtype):
     and above (whole; the batch repeats the rows) may differ in their last bits, and both are within
     the usual bounds of float64. The share of elements that differ is printed (-s) for the record."""
     two_per_sm = 2 * sm_count()
-    x = random_input((3, SPLIT_HIDDEN), dtype)
+    x = random_input((3, SPLIT_HIDDEN), dtype, device=DEVICE)
     w = param(SPLIT_HIDDEN, dtype)
     b = param(SPLIT_HIDDEN, dtype, -0.5, 0.5)
     many = x.repeat(two_per_sm, 1)  # 3 x 2 x SM rows: not split

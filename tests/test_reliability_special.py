@@ -31,6 +31,7 @@ from reference.rope import (
 )
 
 pytestmark = pytest.mark.gpu
+DEVICE = "cuda"  # (a CPU dry run of the test code sets it to "cpu" with an eager stand-in for the kernel)
 
 NAN, INF = float("nan"), float("inf")
 # Rows of special values, by index in a batch of ROWS rows; the rest are normal random rows.
@@ -43,7 +44,7 @@ HIDDEN = [64, 4096, 3 * 8192 + 5]  # row groups, a block per row, rows split acr
 def special_batch(shape, dtype, rows_dim=-2):
     """Random values with SPECIAL_ROWS planted along `rows_dim`: an element in the middle of the row
     for NaN and the infinities."""
-    x = random_input(shape, dtype)
+    x = random_input(shape, dtype, device=DEVICE)
     xr = x.movedim(rows_dim, 0)
     for r, kind in SPECIAL_ROWS.items():
         if kind == "zeros":
@@ -84,15 +85,15 @@ def normal_rows(x, rows_dim=-2):
 
 
 def param(n, dtype, lo=0.5, hi=1.5):
-    return (torch.rand(n, device="cuda") * (hi - lo) + lo).to(dtype)
+    return (torch.rand(n, device=DEVICE) * (hi - lo) + lo).to(dtype)
 
 
 # ---- norms: op -> (ours(x, eps), eager(x, eps)); x [1, ROWS, H] ----
 
 def norm_ops(H, dtype):
     w, wf, b = param(H, dtype), param(H, torch.float32), param(H, dtype, -0.5, 0.5)
-    scale, shift = random_input((1, 1, H), dtype, scale=0.5, offset=0.0), random_input((1, 1, H), dtype, scale=1.0, offset=0.0)
-    res, gate = random_input((1, ROWS, H), dtype), random_input((1, 1, H), dtype, scale=0.5, offset=0.0)
+    scale, shift = random_input((1, 1, H), dtype, scale=0.5, offset=0.0, device=DEVICE), random_input((1, 1, H), dtype, scale=1.0, offset=0.0, device=DEVICE)
+    res, gate = random_input((1, ROWS, H), dtype, device=DEVICE), random_input((1, 1, H), dtype, scale=0.5, offset=0.0, device=DEVICE)
     ops = {}
     for rounding in RMS_NORM_EAGER:
         ops[f"rms_norm[{rounding}]"] = (lambda t, x, e, r=rounding: (t.rms_norm(x, w, e, rounding=r),),
@@ -141,7 +142,7 @@ def test_norms_special_rows(tk, op, dtype, hidden, eps):
 @pytest.mark.parametrize("hidden", [7, 4096, 3 * 8192 + 5])
 def test_eps_zero_matches_float64(tk, dtype, hidden):
     """eps = 0 on ordinary rows: rsqrt(mean(x^2)) alone, within the usual bounds of float64."""
-    x = random_input((ROWS, hidden), dtype)
+    x = random_input((ROWS, hidden), dtype, device=DEVICE)
     w = param(hidden, dtype)
     out = tk.rms_norm(x, w, 0.0)
     ref = rms_norm_float64(x, w, 0.0)
@@ -159,7 +160,7 @@ SPECIAL_HEADS = {(0, 1, 0): "zeros", (0, 2, 1): "nan", (1, 0, 2): "+inf", (1, 3,
 
 
 def special_heads(shape, dtype):
-    x = random_input(shape, dtype)
+    x = random_input(shape, dtype, device=DEVICE)
     for (b, s, h), kind in SPECIAL_HEADS.items():
         if kind == "zeros":
             x[b, s, h] = 0
@@ -169,7 +170,7 @@ def special_heads(shape, dtype):
 
 
 def angles(*shape):
-    return (torch.rand(*shape, device="cuda") * 2 - 1) * 100
+    return (torch.rand(*shape, device=DEVICE) * 2 - 1) * 100
 
 
 def rope_ops(dtype, d, eps):
@@ -181,13 +182,13 @@ def rope_ops(dtype, d, eps):
     C = 3 * d
     a3 = angles(B, S, C // 2).repeat_interleave(2, -1)
     ltx_cos, ltx_sin = a3.cos(), a3.sin()
-    grid, freqs = torch.rand(B, S, 3, device="cuda"), torch.rand(C // 6, device="cuda") * 100
+    grid, freqs = torch.rand(B, S, 3, device=DEVICE), torch.rand(C // 6, device=DEVICE) * 100
     g_cos, g_sin = ltx_tables_from_coords(grid, freqs, C)
     w, wc = param(d, dtype), param(C, dtype)
     cache_a = angles(64, d // 2)
     cache = torch.cat((cache_a.cos(), cache_a.sin()), -1).to(dtype)
-    positions = torch.randint(0, 64, (B * S,), device="cuda")
-    k4 = random_input((B, S, 1, d), dtype)
+    positions = torch.randint(0, 64, (B * S,), device=DEVICE)
+    k4 = random_input((B, S, 1, d), dtype, device=DEVICE)
 
     def flat(x):  # [B, S, 3, d] -> [B, S, 3d] (LTX's q before the head split)
         return x.flatten(-2)
@@ -241,11 +242,11 @@ def test_rope_special_heads(tk, op, dtype, d, eps):
         assert_like_eager(g, w_, f"{op} output {i}", scale=8.0)
     clean = x.clone()
     for (b, s, h) in SPECIAL_HEADS:
-        clean[b, s, h] = random_input((d,), dtype)
+        clean[b, s, h] = random_input((d,), dtype, device=DEVICE)
     if op in ("apply_rotary_pos_emb", "qk_norm_rope", "hf_qk_norm_rope", "rotary_embedding"):  # per-head forms
         got, alone = ours(tk, x)[0], ours(tk, clean)[0]
         got, alone = got.reshape(2, 4, 3, d), alone.reshape(2, 4, 3, d)
-        keep = torch.ones(2, 4, 3, dtype=torch.bool, device="cuda")
+        keep = torch.ones(2, 4, 3, dtype=torch.bool, device=DEVICE)
         for bsh in SPECIAL_HEADS:
             keep[bsh] = False
         assert torch.equal(got[keep], alone[keep]), f"{op}: a special head changed another head"
@@ -265,7 +266,7 @@ def require_free(nbytes):
 def sample_rows(n, count=64):
     """Rows to check against float64: the first, the last ones (past 2^31 elements) and a spread."""
     idx = torch.linspace(0, n - 1, count).long().tolist() + [n - 2, n - 1]
-    return torch.tensor(sorted(set(idx)), device="cuda")
+    return torch.tensor(sorted(set(idx)), device=DEVICE)
 
 
 def assert_no_nan(t, chunk=1 << 28):
@@ -283,7 +284,7 @@ def test_rms_norm_and_silu_past_2_31_elements(tk, rows, hidden):
     2 x 8 GiB (x and out, written through out= from NaN), checked at sampled rows and the last."""
     n = rows * hidden
     require_free(2 * n * 2 + 2 * GiB)
-    x = torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(rows, hidden, device=DEVICE, dtype=torch.bfloat16)
     w = param(hidden, torch.bfloat16)
     out = torch.full_like(x, NAN)
     tk.rms_norm(x, w, 1e-6, out=out)
@@ -306,7 +307,7 @@ def test_fused_add_rms_norm_and_silu_and_mul_past_2_31_elements(tk):
     silu_and_mul with an output of 2^31 + 4096 elements (x 8 GiB, out 4 GiB)."""
     rows, H = 2**31 // 4096 + 1, 4096
     require_free(4 * rows * H * 2 + 2 * GiB)
-    x, res = torch.randn(rows, H, device="cuda", dtype=torch.bfloat16), torch.randn(rows, H, device="cuda",
+    x, res = torch.randn(rows, H, device=DEVICE, dtype=torch.bfloat16), torch.randn(rows, H, device=DEVICE,
                                                                                    dtype=torch.bfloat16)
     w = param(H, torch.bfloat16)
     out, h = torch.full_like(x, NAN), torch.full_like(x, NAN)
@@ -320,8 +321,8 @@ def test_fused_add_rms_norm_and_silu_and_mul_past_2_31_elements(tk):
     del x, res, out, h
     torch.cuda.empty_cache()
     require_free(3 * rows * H * 2 + 2 * GiB)
-    x2 = torch.randn(rows, 2 * H, device="cuda", dtype=torch.bfloat16)
-    out = torch.full((rows, H), NAN, device="cuda", dtype=torch.bfloat16)
+    x2 = torch.randn(rows, 2 * H, device=DEVICE, dtype=torch.bfloat16)
+    out = torch.full((rows, H), NAN, device=DEVICE, dtype=torch.bfloat16)
     tk.silu_and_mul(x2, out=out)
     assert_no_nan(out)
     gate, up = x2[idx, :H].double(), x2[idx, H:].double()
@@ -346,9 +347,9 @@ def test_rope_past_2_31_elements(tk):
     place on the same q; checked at sampled tokens and the last."""
     S, Hq, Hk, d = 2**31 // (32 * 128) + 1, 32, 8, 128
     require_free((2 * S * (Hq + Hk) * d + 2 * S * d) * 2 + 2 * GiB)
-    q = torch.randn(1, S, Hq, d, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(1, S, Hk, d, device="cuda", dtype=torch.bfloat16)
-    a = torch.rand(1, S, d // 2, device="cuda") * 1000
+    q = torch.randn(1, S, Hq, d, device=DEVICE, dtype=torch.bfloat16)
+    k = torch.randn(1, S, Hk, d, device=DEVICE, dtype=torch.bfloat16)
+    a = torch.rand(1, S, d // 2, device=DEVICE) * 1000
     cos, sin = torch.cat((a, a), -1).cos().to(torch.bfloat16), torch.cat((a, a), -1).sin().to(torch.bfloat16)
     del a
     idx = sample_rows(S)
@@ -364,9 +365,9 @@ def test_rope_past_2_31_elements(tk):
     for ours, eager in ((q_out[:, idx], eq), (k_out[:, idx], ek)):
         assert_like_eager(ours, eager, "hf_qk_norm_rope, sampled tokens", scale=4.0)
     del q_out, k_out
-    cache_a = torch.rand(4096, d // 2, device="cuda") * 1000
+    cache_a = torch.rand(4096, d // 2, device=DEVICE) * 1000
     cache = torch.cat((cache_a.cos(), cache_a.sin()), -1).to(torch.bfloat16)
-    positions = torch.randint(0, 4096, (S,), device="cuda")
+    positions = torch.randint(0, 4096, (S,), device=DEVICE)
     query, key = q.view(S, Hq * d), k.view(S, Hk * d)
     eq, ek = vllm_rotary_embedding_native(positions[idx], query[idx], key[idx], d, cache)
     tk.rotary_embedding(positions, query, key, d, cache)
@@ -381,9 +382,9 @@ def test_rope_with_2_31_minus_2_rows(tk):
     cos, sin and both outputs: 6 x 4 GiB of bf16), the most rows but one the check allows."""
     S = 2**30 - 1
     require_free(6 * S * 2 * 2 + 2 * GiB)
-    q = torch.randn(1, S, 1, 2, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(1, S, 1, 2, device="cuda", dtype=torch.bfloat16)
-    a = torch.rand(1, S, 1, device="cuda") * 1000
+    q = torch.randn(1, S, 1, 2, device=DEVICE, dtype=torch.bfloat16)
+    k = torch.randn(1, S, 1, 2, device=DEVICE, dtype=torch.bfloat16)
+    a = torch.rand(1, S, 1, device=DEVICE) * 1000
     cos = a.cos().to(torch.bfloat16).expand(1, S, 2).contiguous()  # NeoX: the pair's one angle twice
     sin = a.sin().to(torch.bfloat16).expand(1, S, 2).contiguous()
     del a
