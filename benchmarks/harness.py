@@ -116,7 +116,8 @@ def _git(*args: str) -> str:
 
     root = Path(__file__).resolve().parents[1]
     try:
-        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, check=True).stdout.strip()
+        done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, check=True)
+        return done.stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return ""
 

@@ -6,7 +6,6 @@ random layouts or functional outputs.
 Budgets (examples a test): KERNEL_EXAMPLES on the GPU, properties.CPU_EXAMPLES with eager code here."""
 
 import pytest
-import torch
 from hypothesis import given
 from hypothesis import strategies as st
 

@@ -198,8 +198,9 @@ def test_layer_norm_on_cpu(impl, case, affine):
 def modulation_case(draw):
     B, S = draw(st.integers(1, 4)), draw(st.integers(0, 24))
     return dict(B=B, S=S, hidden=draw(P.widths), dtype=draw(P.dtypes), x_layout=draw(P.layouts()),
-                seed=draw(P.seeds), eps=draw(st.sampled_from([1e-6, 1e-5])), norm=draw(st.sampled_from(["rms", "layer"])),
-                scale=draw(BROADCASTS), shift=draw(st.one_of(st.none(), BROADCASTS)), out=draw(st.one_of(st.none(), P.layouts())),
+                seed=draw(P.seeds), eps=draw(st.sampled_from([1e-6, 1e-5])),
+                norm=draw(st.sampled_from(["rms", "layer"])), scale=draw(BROADCASTS),
+                shift=draw(st.one_of(st.none(), BROADCASTS)), out=draw(st.one_of(st.none(), P.layouts())),
                 affine=draw(st.booleans()))
 
 
@@ -224,7 +225,8 @@ def modulate64(n_unit, w, b, scale, shift, norm):
     """float64 of norm(x) * (1 + scale) + shift, and the magnitude its roundings scale with."""
     n64 = n_unit * (w.double() if w is not None else 1.0) + (b.double() if b is not None else 0.0)
     floor = 1.0 if norm == "layer" else 0.0
-    n_mag = (n_unit.abs() + floor) * (w.double().abs() if w is not None else 1.0) + (b.double().abs() if b is not None else 0.0)
+    w_abs = w.double().abs() if w is not None else 1.0
+    n_mag = (n_unit.abs() + floor) * w_abs + (b.double().abs() if b is not None else 0.0)
     ref, mag = n64 * (1 + scale.double()), n_mag * (1 + scale.double()).abs()
     if shift is not None:
         ref, mag = ref + shift.double(), mag + shift.double().abs()

@@ -420,7 +420,8 @@ def prop_ltx_coords(impl, c):
         for out, x, w in ((q_out, q, qw), (k_out, k, kw)):
             n64 = rms64_then(x, w, 1e-6)
             mag = rope_magnitude(n64.to(dtype), cos32, sin32, "interleaved")
-            assert_within(out, rotary_float64(n64, cos64, sin64, "interleaved"), mag, 3.5, "ltx_qk_norm_rope_from_coords")
+            ref = rotary_float64(n64, cos64, sin64, "interleaved")
+            assert_within(out, ref, mag, 3.5, "ltx_qk_norm_rope_from_coords")
     else:
         q_out, k_out = impl.ltx_rope_from_coords(q, k, grid, freqs)
         for out, x in ((q_out, q), (k_out, k)):

@@ -40,7 +40,8 @@ def param(n, dtype, lo=0.5, hi=1.5):
 def norm_ops(hidden, dtype):
     """Per-row forms of the family: each returns the outputs for x [rows, hidden]."""
     w, b = param(hidden, dtype), param(hidden, dtype, -0.5, 0.5)
-    scale, shift = random_input((1, hidden), dtype, scale=0.5, offset=0.0, device=DEVICE), random_input((1, hidden), dtype, device=DEVICE)
+    scale = random_input((1, hidden), dtype, scale=0.5, offset=0.0, device=DEVICE)
+    shift = random_input((1, hidden), dtype, device=DEVICE)
     return {
         "rms_norm": lambda t, x, r: (t.rms_norm(x, w),),
         "layer_norm": lambda t, x, r: (t.layer_norm(x, w, b),),

@@ -120,7 +120,8 @@ def sd3_inputs(dtype, device, B=2):
 
 
 DIT = {"ltx": (small_ltx, ltx_inputs), "flux": (small_flux, flux_inputs), "sd3": (small_sd3, sd3_inputs)}
-LLM_IDS = lambda device: torch.randint(0, 101, (2, 13), generator=torch.Generator().manual_seed(3)).to(device)  # noqa: E731
+def LLM_IDS(device):  # noqa: N802
+    return torch.randint(0, 101, (2, 13), generator=torch.Generator().manual_seed(3)).to(device)
 
 
 def model_output(name, dtype, device, tk=None, monkeypatch=None):
@@ -279,7 +280,8 @@ def test_reference_diffusers_rotary_matches_the_libraries(dtype):
     x = (torch.randn(2, 9, 96) * 2).to(dtype)
     a = (torch.rand(2, 9, 48) * 100).repeat_interleave(2, -1)
     cos, sin = a.cos(), a.sin()
-    assert torch.equal(ref_rope.diffusers_interleaved_rotary(x, cos, sin), transformer_ltx.apply_rotary_emb(x, (cos, sin)))
+    theirs = transformer_ltx.apply_rotary_emb(x, (cos, sin))
+    assert torch.equal(ref_rope.diffusers_interleaved_rotary(x, cos, sin), theirs)
     # LTX's q/k norm (torch.nn.RMSNorm over all heads) then the rotation
     norm = torch.nn.RMSNorm(96, eps=1e-6).to(dtype)
     norm.weight.data = weights(96, dtype)

@@ -92,8 +92,10 @@ def param(n, dtype, lo=0.5, hi=1.5):
 
 def norm_ops(H, dtype):
     w, wf, b = param(H, dtype), param(H, torch.float32), param(H, dtype, -0.5, 0.5)
-    scale, shift = random_input((1, 1, H), dtype, scale=0.5, offset=0.0, device=DEVICE), random_input((1, 1, H), dtype, scale=1.0, offset=0.0, device=DEVICE)
-    res, gate = random_input((1, ROWS, H), dtype, device=DEVICE), random_input((1, 1, H), dtype, scale=0.5, offset=0.0, device=DEVICE)
+    scale = random_input((1, 1, H), dtype, scale=0.5, offset=0.0, device=DEVICE)
+    shift = random_input((1, 1, H), dtype, scale=1.0, offset=0.0, device=DEVICE)
+    res = random_input((1, ROWS, H), dtype, device=DEVICE)
+    gate = random_input((1, 1, H), dtype, scale=0.5, offset=0.0, device=DEVICE)
     ops = {}
     for rounding in RMS_NORM_EAGER:
         ops[f"rms_norm[{rounding}]"] = (lambda t, x, e, r=rounding: (t.rms_norm(x, w, e, rounding=r),),
@@ -201,10 +203,10 @@ def rope_ops(dtype, d, eps):
         "apply_rotary_pos_emb": (lambda t, x: t.apply_rotary_pos_emb(x, k4, hf_cos, hf_sin, unsqueeze_dim=2),
                                  lambda x: hf_apply_rotary_pos_emb(x, k4, hf_cos, hf_sin, unsqueeze_dim=2)),
         "flux_rope": (lambda t, x: t.flux_rope(x, k4, flux_cos, flux_sin),
-                            lambda x: tuple(diffusers_interleaved_rotary(y, flux_cos[None, :, None], flux_sin[None, :, None])
-                                            for y in (x, k4))),
+                      lambda x: tuple(diffusers_interleaved_rotary(y, flux_cos[None, :, None], flux_sin[None, :, None])
+                                      for y in (x, k4))),
         "ltx_rope": (lambda t, x: t.ltx_rope(flat(x), flat(x), ltx_cos, ltx_sin),
-                           lambda x: (diffusers_interleaved_rotary(flat(x), ltx_cos, ltx_sin),) * 2),
+                     lambda x: (diffusers_interleaved_rotary(flat(x), ltx_cos, ltx_sin),) * 2),
         "rotary_embedding": (cached,
                              lambda x: vllm_rotary_embedding_native(positions, x.flatten(0, 1).flatten(1),
                                                                     k4.flatten(0, 1).flatten(1), d, cache)),
