@@ -16,6 +16,7 @@ from .activation import (
     silu,
     silu_and_mul,
 )
+from .linear import linear_gelu, linear_gelu_fused
 from .norm import (
     fused_add_rms_norm,
     fused_add_rms_norm_,
@@ -54,6 +55,8 @@ __all__ = [
     "gelu_tanh_and_mul",
     "layer_norm",
     "layers",
+    "linear_gelu",
+    "linear_gelu_fused",
     "ltx_qk_norm_rope",
     "ltx_qk_norm_rope_from_coords",
     "ltx_rotary_emb",
