@@ -248,6 +248,11 @@ def test_merged_projections_state_dict_save_and_load(monkeypatch, tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, fresh(ids).logits, rtol=0, atol=0)
 
+    copy = __import__("copy").deepcopy(model)  # the copy's merges are its own
+    copy.to(torch.float32)
+    assert copy.model.layers[1].self_attn._tk_merged["qkv"].weight.dtype == torch.float32
+    assert attn._tk_merged["qkv"].weight.dtype == torch.float64
+
     # a parameter replaced by assignment is noticed at the next eager call
     new = fresh.model.layers[1].self_attn.k_proj.weight.detach().clone() * 2
     attn.k_proj.weight = torch.nn.Parameter(new)

@@ -60,14 +60,6 @@ class MergedLinear:
         self.weight: torch.Tensor
         self.bias: torch.Tensor | None
         self.merge()
-        original_apply = module._apply
-
-        def _apply(this, fn, *args, **kwargs):  # .to(), .half(), .cuda(): merge the converted weights
-            result = original_apply(fn, *args, **kwargs)
-            self.merge()
-            return result
-
-        module._apply = types.MethodType(_apply, module)
 
     def _linears(self) -> list[torch.nn.Linear]:
         return [getattr(self.module, n) for n in self.names]
@@ -114,6 +106,16 @@ class MergedLinear:
         return self(x).split(self.sizes, dim=-1)
 
 
+def _apply_then_merge(module: torch.nn.Module, fn, *args, **kwargs):
+    """``module._apply`` (behind ``.to()``, ``.half()``, ``.cuda()``), then the module's merges
+    again from the converted weights. A function of the module alone, so ``copy.deepcopy`` of a
+    model gives the copy its own."""
+    result = type(module)._apply(module, fn, *args, **kwargs)
+    for merged in module.__dict__.get("_tk_merged", {}).values():
+        merged.merge()
+    return result
+
+
 def merged_of(module: torch.nn.Module, key: str) -> MergedLinear | None:
     return getattr(module, "_tk_merged", {}).get(key)
 
@@ -124,4 +126,6 @@ def attach(module: torch.nn.Module, key: str, names: Sequence[str]) -> MergedLin
     table = module.__dict__.setdefault("_tk_merged", {})
     if key not in table:
         table[key] = MergedLinear(module, names)
+    if "_apply" not in module.__dict__:
+        module._apply = types.MethodType(_apply_then_merge, module)
     return table[key]
