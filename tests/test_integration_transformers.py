@@ -201,6 +201,36 @@ def test_merged_projections_wiring_exact_on_cpu(monkeypatch, name):
         torch.testing.assert_close(ours, eager, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("name,window", [("mistral", None), ("mistral", 5), ("qwen2", None)])
+def test_merged_attention_wiring_exact_for_mistral_and_qwen2_on_cpu(monkeypatch, name, window):
+    """The generic merged attention forward on Mistral (its config's sliding window) and Qwen2 (q/k/v
+    with biases, merged too): logits and a cached decode step are eager's exactly."""
+    cls, config_cls = {"mistral": ("MistralForCausalLM", "MistralConfig"), "qwen2": ("Qwen2ForCausalLM", "Qwen2Config")}[name]
+    torch.manual_seed(0)
+    config = getattr(transformers, config_cls)(hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                                               num_attention_heads=4, num_key_value_heads=2, vocab_size=101,
+                                               sliding_window=window)
+    config._attn_implementation = "sdpa"
+    model = getattr(transformers, cls)(config)
+    randomize_norm_weights(model)
+    model.eval()
+    ids = torch.randint(0, 101, (2, 13), generator=torch.Generator().manual_seed(8))
+    with torch.no_grad():
+        expected = model(ids).logits
+    expected_steps = prefill_then_decode(model, ids)
+    monkeypatch.setattr(transformers_models, "KERNEL_DEVICES", ("cpu",))
+    modeling = __import__("sys").modules[type(model.model.layers[0].self_attn).__module__]
+    monkeypatch.setattr(modeling, "apply_rotary_pos_emb", modeling.apply_rotary_pos_emb)  # undone after the test
+    report = inject(model, EAGER_TK)
+    assert report.replaced["merged_qkv_rope"] == 2 and report.replaced["merged_gate_up_mlp"] == 2, report
+    if name == "qwen2":
+        assert model.model.layers[0].self_attn._tk_merged["qkv"].bias is not None
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, expected, rtol=0, atol=0)
+    for ours, eager in zip(prefill_then_decode(model, ids), expected_steps):
+        torch.testing.assert_close(ours, eager, rtol=0, atol=0)
+
+
 def test_merged_projections_keep_gradients_on_the_original_parameters(monkeypatch):
     """With gradients wanted the separate projections run: every parameter gets its gradient."""
     model = small_model("llama")

@@ -195,8 +195,10 @@ def _patch_attention(module: torch.nn.Module, tk: ModuleType, qk_norm: bool, mer
                 key_states, value_states = cache.update(key_states, value_states, self.layer_idx,
                                                         {"sin": sin, "cos": cos, "cache_position": cache_position})
         attention_interface = _attention_interface(modeling, self.config._attn_implementation)
-        if getattr(self, "sliding_window", None) is not None:
-            kwargs["sliding_window"] = self.sliding_window
+        # Qwen2/Qwen3 keep the window per layer, Mistral reads its config's, Llama has none
+        window = self.sliding_window if hasattr(self, "sliding_window") else getattr(self.config, "sliding_window", None)
+        if window is not None:
+            kwargs["sliding_window"] = window
         attn_output, attn_weights = attention_interface(
             self, query_states, key_states, value_states, attention_mask,
             dropout=0.0 if not self.training else self.attention_dropout, scaling=self.scaling, **kwargs)
