@@ -62,10 +62,10 @@ def assert_no_worse_than_eager(ours, x, weight, bias, what):
         f"{what}: mean error {ours_err.mean():.3g} vs eager's {eager_err.mean():.3g}")
 
 
-def epilogue_expected(dtype, k, n):
-    """Where cuBLASLt must have a GELU-epilogue algorithm: half precision with 16-byte rows (bf16
-    from sm_80, the first arch with bf16 tensor cores)."""
-    aligned = (k * 2) % 16 == 0 and (n * 2) % 16 == 0
+def epilogue_expected(dtype, rows, k, n):
+    """Where cuBLASLt must have a GELU-epilogue algorithm: half precision with 16-byte rows and
+    enough of them for a GEMM (bf16 from sm_80, the first arch with bf16 tensor cores)."""
+    aligned = (k * 2) % 16 == 0 and (n * 2) % 16 == 0 and rows >= 16
     if dtype == torch.float16:
         return aligned
     return dtype == torch.bfloat16 and aligned and torch.cuda.get_device_capability() >= (8, 0)
@@ -84,7 +84,7 @@ def test_accuracy_against_float64_no_worse_than_eager(tk, dtype, lead, k, n, bia
     functional = with_poisoned_outputs(lambda: [tk.linear_gelu(x, weight, b)], out)[0]
     assert_all_written(functional)
     assert torch.equal(functional, out), "the functional and out= forms differ"
-    if epilogue_expected(dtype, k, n):
+    if epilogue_expected(dtype, math.prod(lead), k, n):
         assert tk.linear_gelu_fused(x, weight, b), "cuBLASLt took no GELU epilogue for an aligned half-precision case"
 
 
