@@ -4,7 +4,18 @@ legal; under torch.compile(mode="reduce-overhead") no op makes inductor skip CUD
 
 Each registered op (functional, out= and in-place forms) runs at a main shape of the models it
 serves and, where an op has more than one launch path (whole-row or split norms, the shared-table
-and one-row q/k norm + RoPE, the cuBLASLt epilogue or the separate GEMM), at a shape of each."""
+and one-row q/k norm + RoPE, the cuBLASLt epilogue or the separate GEMM), at a shape of each.
+
+What reading the launchers and bindings found (the rules this file checks on the GPU):
+- every output and workspace comes from at::empty (the caching allocator; the split-row norm
+  statistics too), every launch and cublasLtMatmul goes to at::cuda::getCurrentCUDAStream();
+- no host synchronization and no host read of device memory: launch choices use sizes, strides,
+  pointer alignment, cached device properties and cudaFuncGetAttributes (max_block_threads, once
+  per kernel in a static; a host query, not a stream operation); rope_cached_'s positions are
+  read on the device only;
+- cudaGetLastError after launches, cuBLASLt's descriptor and heuristic calls: host-only;
+- a path chosen at capture (vector width, split rows, epilogue or separate GEMM) is baked into the
+  graph with the addresses it was chosen for, which replays keep."""
 
 import os
 import re
