@@ -12,8 +12,9 @@ Mistral, Qwen2 and Qwen3 share one table):
 - ``*RMSNorm`` with ``variance_epsilon``: the Hub ``RMSNorm`` layer's forward (transformers'
   rounding) for the remaining input norms and the final norm.
 - ``Qwen3Attention``/``Qwen3MoeAttention`` with per-head ``q_norm``/``k_norm``: the attention forward
-  runs the two norms and the rotation as one kernel (``hf_qk_norm_rope``, transformers' rounding)
-  and goes on as transformers' does (cache update, the ``ALL_ATTENTION_FUNCTIONS`` interface, o_proj);
+  runs the two norms and the rotation as one kernel (``hf_qk_norm_rope``, transformers' rounding),
+  on q/k/v from one GEMM (``merged_qkv_qk_norm_rope``; ``qk_norm_rope`` unmerged), and goes on as
+  transformers' does (cache update, the ``ALL_ATTENTION_FUNCTIONS`` interface, o_proj);
   claims q_norm and k_norm. Tensors the kernel does not take (CPU, mixed dtypes, autocast) run
   transformers' own forward. A module this rule skips falls to the next.
 - ``*Attention`` (Llama, Mistral, Qwen2): q, k and v as one GEMM (``merged_qkv_rope``), its output
