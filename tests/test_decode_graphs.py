@@ -126,7 +126,7 @@ def test_compiled_generate_records_once_and_matches_eager(tk, name):
     counters.clear()
     with torch._inductor.config.patch({"triton.cudagraph_or_error": True}):
         first = model.generate(ids, compile_config=compile_config_for_decode(), **gen)
-        manager = cudagraph_trees.get_container(torch.cuda.current_device()).tree_manager
+        manager = cudagraph_trees.get_manager(torch.cuda.current_device())
         before = manager.new_graph_id().id
         second = model.generate(ids, compile_config=compile_config_for_decode(), **gen)
         after = manager.new_graph_id().id
