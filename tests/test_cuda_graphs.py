@@ -286,9 +286,14 @@ COLD_CAPTURE = textwrap.dedent("""
     use_local_build()
     import test_cuda_graphs as t
     tk = load_kernel()
-    torch.ones(1, device="cuda") @ torch.ones(1, 1, device="cuda")  # torch's own cuBLAS state, not ours
-    torch.nn.functional.linear(torch.ones(2, 8, device="cuda", dtype=torch.bfloat16),
-                               torch.ones(8, 8, device="cuda", dtype=torch.bfloat16))
+    # torch's own cuBLAS/cuBLASLt handles and workspaces, on the stream torch.cuda.graph captures on
+    # (torch's warm-up, not ours: none of our ops has run in this process)
+    torch.cuda.graph(torch.cuda.CUDAGraph())  # creates torch.cuda.graph.default_capture_stream
+    with torch.cuda.stream(torch.cuda.graph.default_capture_stream):
+        bf = dict(device="cuda", dtype=torch.bfloat16)
+        torch.nn.functional.linear(torch.ones(64, 64, **bf), torch.ones(64, 64, **bf), torch.ones(64, **bf))
+        torch.nn.functional.linear(torch.ones(2, 3, 64, **bf), torch.ones(64, 64, **bf))
+    torch.cuda.synchronize()
     for name in sorted(t.CASES):
         make, call = t.CASES[name]
         torch.manual_seed(0)
