@@ -80,9 +80,10 @@ driver=("$PYTHON" tests/sanitize/driver.py)
 [ -n "${SANITIZE_CASES:-}" ] && driver+=(--cases "$SANITIZE_CASES")
 [ -n "${SANITIZE_ENTRIES:-}" ] && driver+=(--entries "$SANITIZE_ENTRIES")
 
-# Only our kernels are checked (their mangled names hold the namespace), except by initcheck, which
-# must see torch's copy and fill kernels write the inputs to know them initialized.
-OURS=(--kernel-name kns=transformer_kernels)
+# Only our kernels are checked (their mangled names hold the namespace) and cuBLAS(Lt)'s GEMMs (the
+# linear_gelu epilogue and its fallback), except by initcheck, which must see torch's copy and fill
+# kernels write the inputs to know them initialized.
+OURS=(--kernel-name kns=transformer_kernels --kernel-name kns=gemm --kernel-name kns=cutlass)
 declare -A OPTIONS=(
   [memcheck]="--padding 512"
   [racecheck]="--racecheck-report all"

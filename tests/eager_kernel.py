@@ -102,6 +102,8 @@ IMPLS = {
     "hf_qk_norm_rope": lambda q, k, qw, kw, eps, c, s: hf_qk_norm_rope(q, k, qw, kw, eps, c, s),
     "ltx_rope_from_coords": lambda q, k, grid, freqs: tuple(t.squeeze(2) for t in IMPLS["rope"](
         q.unsqueeze(2), k.unsqueeze(2), *_tables(grid, freqs, q.shape[-1]), "interleaved", True)),
+    "linear_gelu": lambda x, w, b: F.gelu(F.linear(x, w, b), approximate="tanh"),
+    "linear_gelu_fused": lambda x, w, b: False,  # (a host query: the eager pair is never fused)
     "ltx_qk_norm_rope_from_coords": lambda q, k, qw, kw, eps, grid, freqs: diffusers_qk_norm_rope(
         q, k, qw, kw, eps, *_tables(grid, freqs, q.shape[-1])),
 }

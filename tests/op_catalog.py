@@ -10,6 +10,7 @@ the sanitizer driver (tests/sanitize/driver.py). An entry builds one call of one
 - ``strided``: leading dimensions that cannot merge and padded rows (norms, activations); views of
   one fused QKV projection (RoPE);
 - ``split``, ``split_vec``: a few rows wider than 16K, split across blocks (norms; odd and aligned);
+  for linear_gelu the same shapes are [..., in_features] (out_features LINEAR_OUT_FEATURES);
 - ``empty``: no rows (no tokens); ``empty_width``: rows of no elements (norms, activations).
 
 Values are drawn on the CPU from a generator seeded by ``seed`` and then placed in the case's
@@ -413,11 +414,39 @@ def _rope_entries():
     }
 
 
-FAMILIES = {"norm": _norm_entries(), "activation": _activation_entries(), "rope": _rope_entries()}
+# ---- linear_gelu (cuBLASLt epilogue, or at::linear + our gelu_tanh where it has none) ----
+
+LINEAR_OUT_FEATURES = 96
+
+
+def _gemm_entries():
+    def linear(bias: bool, out: bool):
+        def build(m, case):
+            (B, S, K), lay = _rows(m, case)
+            x = m.tensor((B, S, K), lay, scale=1.0, offset=0.0)
+            w = m.tensor((LINEAR_OUT_FEATURES, K), scale=0.05, offset=0.0)
+            b = m.tensor((LINEAR_OUT_FEATURES,), scale=0.5, offset=0.0) if bias else None
+            if not out:
+                return (x, w, b), ()
+            return (m.nan((B, S, LINEAR_OUT_FEATURES), lay), x, w, b), (0,)
+        return build
+
+    return {
+        "linear_gelu": ("linear_gelu", linear(True, False)),
+        "linear_gelu[no_bias]": ("linear_gelu", linear(False, False)),
+        "linear_gelu_out": ("linear_gelu_out", linear(True, True)),
+    }
+
+
+# Ops that launch nothing (host queries): covered by the rest of their family.
+QUERY_OPS = ("linear_gelu_fused",)
+
+FAMILIES = {"norm": _norm_entries(), "activation": _activation_entries(), "rope": _rope_entries(),
+            "gemm": _gemm_entries()}
 ENTRIES: dict[str, tuple[str, str, Callable]] = {
     name: (family, op, build) for family, entries in FAMILIES.items() for name, (op, build) in entries.items()
 }
-COVERED_OPS = sorted({op for _, op, _ in ENTRIES.values()})
+COVERED_OPS = sorted({op for _, op, _ in ENTRIES.values()} | set(QUERY_OPS))
 
 
 def cases_of(name: str) -> tuple[str, ...]:

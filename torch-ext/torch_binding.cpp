@@ -74,6 +74,13 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   ops.def("ltx_qk_norm_rope_from_coords(Tensor q, Tensor k, Tensor q_weight, Tensor k_weight, float eps, "
           "Tensor grid, Tensor freqs) -> (Tensor, Tensor)");
 
+  // gelu_tanh(x @ weight^T + bias) as one cuBLASLt matmul with the GELU epilogue (the activation on
+  // the fp32 accumulator, one rounding); F.linear + our gelu kernel where cuBLASLt has no such algorithm.
+  ops.def("linear_gelu(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
+  ops.def("linear_gelu_out(Tensor! out, Tensor x, Tensor weight, Tensor? bias) -> ()");
+  // Whether linear_gelu takes the epilogue for these arguments on this GPU (a host query).
+  ops.def("linear_gelu_fused(Tensor x, Tensor weight, Tensor? bias) -> bool");
+
   // Every op is registered for CPU too, with the same entry point: CPU tensors then fail with a
   // clear "must be a CUDA tensor" instead of the dispatcher's "no kernel for CPU".
   for (const auto key : {torch::kCUDA, torch::kCPU}) {
@@ -106,6 +113,9 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
     ops.impl("hf_qk_norm_rope_out", key, &tk::hf_qk_norm_rope_out);
     ops.impl("ltx_rope_from_coords", key, &tk::ltx_rope_from_coords);
     ops.impl("ltx_qk_norm_rope_from_coords", key, &tk::ltx_qk_norm_rope_from_coords);
+    ops.impl("linear_gelu", key, &tk::linear_gelu);
+    ops.impl("linear_gelu_out", key, &tk::linear_gelu_out);
+    ops.impl("linear_gelu_fused", key, &tk::linear_gelu_fused);
   }
 }
 

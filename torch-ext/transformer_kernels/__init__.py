@@ -20,6 +20,7 @@ from .activation import (
     silu,
     silu_and_mul,
 )
+from .linear import linear_gelu, linear_gelu_fused
 from .norm import (
     fused_add_rms_norm,
     fused_add_rms_norm_,
@@ -58,6 +59,8 @@ __all__ = [
     "hf_qk_norm_rope",
     "layer_norm",
     "layers",
+    "linear_gelu",
+    "linear_gelu_fused",
     "ltx_qk_norm_rope",
     "ltx_qk_norm_rope_from_coords",
     "ltx_rope",
