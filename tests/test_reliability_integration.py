@@ -124,13 +124,14 @@ def LLM_IDS(device):  # noqa: N802
     return torch.randint(0, 101, (2, 13), generator=torch.Generator().manual_seed(3)).to(device)
 
 
-def model_output(name, dtype, device, tk=None, monkeypatch=None):
-    """The model's output (logits for the LLMs), eager or with `tk` injected."""
+def model_output(name, dtype, device, tk=None, monkeypatch=None, merged=True):
+    """The model's output (logits for the LLMs), eager or with `tk` injected (with inject's merged
+    projections and linear_gelu, its defaults, or without)."""
     if name in DIT:
         make, inputs = DIT[name]
         model = make(dtype, device)
         if tk is not None:
-            report = diffusers_models.inject(model, tk)
+            report = diffusers_models.inject(model, tk, merge_projections=merged, linear_gelu=merged)
             assert report.replaced, report
         with torch.no_grad():
             return model(**inputs(dtype, device))[0]
@@ -138,7 +139,7 @@ def model_output(name, dtype, device, tk=None, monkeypatch=None):
     if tk is not None:
         if device == "cpu":  # the fused attention forward is taken for CUDA tensors only
             monkeypatch.setattr(transformers_models, "KERNEL_DEVICES", ("cpu",))
-        report = transformers_models.inject(model, tk)
+        report = transformers_models.inject(model, tk, merge_projections=merged)
         assert report.replaced, report
     with torch.no_grad():
         return model(LLM_IDS(device)).logits
@@ -147,11 +148,12 @@ def model_output(name, dtype, device, tk=None, monkeypatch=None):
 MODELS = ["llama", "qwen3", "ltx", "flux", "sd3"]
 
 
+@pytest.mark.parametrize("merged", [True, False], ids=["merged", "unmerged"])
 @pytest.mark.parametrize("name", MODELS)
-def test_wiring_in_bf16_with_the_real_layers_on_cpu(name, monkeypatch):
+def test_wiring_in_bf16_with_the_real_layers_on_cpu(name, merged, monkeypatch):
     """bf16 on the CPU, the package's Python code over eager ops: the eager model's output exactly."""
     expected = model_output(name, torch.bfloat16, "cpu")
-    ours = model_output(name, torch.bfloat16, "cpu", eager_kernel(), monkeypatch)
+    ours = model_output(name, torch.bfloat16, "cpu", eager_kernel(), monkeypatch, merged)
     assert ours.dtype == expected.dtype
     differ = (ours != expected).sum().item()
     assert differ == 0, f"{name}: {differ} of {ours.numel()} elements differ from the eager model in bf16"
@@ -334,11 +336,12 @@ def assert_within_ulps(ours, eager, what):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("merged", [True, False], ids=["merged", "unmerged"])
 @pytest.mark.parametrize("name", MODELS)
-def test_injected_model_within_ulps_of_eager(tk, name):
+def test_injected_model_within_ulps_of_eager(tk, name, merged):
     expected = model_output(name, torch.bfloat16, "cuda")
-    ours = model_output(name, torch.bfloat16, "cuda", tk)
-    assert_within_ulps(ours, expected, name)
+    ours = model_output(name, torch.bfloat16, "cuda", tk, merged=merged)
+    assert_within_ulps(ours, expected, f"{name} ({'merged' if merged else 'unmerged'})")
 
 
 def first_divergence(a, b):
