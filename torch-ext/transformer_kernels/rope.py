@@ -21,6 +21,13 @@ One launch rotates q and k. The forms follow the libraries they replace:
   k ``[T, Hk*d]``, R <= d.
 - ``flux_rotary_emb``: diffusers' Flux ``apply_rotary_emb`` (``use_real_unbind_dim=-1``) on q and k
   ``[B, S, H, d]`` with fp32 cos/sin ``[S, d]``: interleaved pairs per head, fp32 math.
+
+Training: the fused q/k norm + RoPE ops (``qk_norm_rope``, ``ltx_qk_norm_rope``,
+``hf_qk_norm_rope``, ``ltx_qk_norm_rope_from_coords``) have a backward for q, k and the two norm
+weights (the inverse rotation, then the RMSNorm backward per row, statistics recomputed from q
+and k). The tables, the coordinates and the frequencies get none: they are built without grad by
+the models; one that requires grad raises. ``hf_qk_norm_rope(out=...)`` has no backward and raises
+where one would be needed.
 """
 
 from typing import Optional, Tuple
@@ -28,6 +35,7 @@ from typing import Optional, Tuple
 import torch
 
 from ._ops import add_op_namespace_prefix, ops
+from .norm import grad_or_zeros, grad_rows, refuse_grad
 
 STYLES = ("neox", "interleaved")
 
@@ -120,6 +128,7 @@ def hf_qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_
         return _hf_qk_norm_rope(q, k, q_weight, k_weight, eps, cos, sin)
     if not isinstance(out, (tuple, list)) or len(out) != 2:
         raise TypeError(f"hf_qk_norm_rope: out must be a (q_out, k_out) pair of tensors, got {type(out).__name__}")
+    refuse_grad("hf_qk_norm_rope", "out= form", q, k, q_weight, k_weight, cos, sin)
     _hf_qk_norm_rope_out(out[0], out[1], q, k, q_weight, k_weight, eps, cos, sin)
     return out[0], out[1]
 
@@ -274,3 +283,57 @@ def _(q, k, grid, freqs):
 @torch.library.register_fake(add_op_namespace_prefix("ltx_qk_norm_rope_from_coords"))
 def _(q, k, q_weight, k_weight, eps, grid, freqs):
     return q.new_empty(q.shape), k.new_empty(k.shape)
+
+
+# ---- training: the fused q/k norm + RoPE backward ops (fake implementations) and autograd ----
+
+_qk_norm_rope_backward = ops.qk_norm_rope_backward.default
+_hf_qk_norm_rope_backward = ops.hf_qk_norm_rope_backward.default
+_ltx_qk_norm_rope_from_coords_backward = ops.ltx_qk_norm_rope_from_coords_backward.default
+
+
+def _qk_backward_fake(grad_q_out, grad_k_out, q, k, q_weight, k_weight, eps, cos_or_grid, sin_or_freqs, output_mask):
+    def grad(asked, t):
+        return t.new_empty(t.shape) if asked else q.new_empty((0,))
+
+    return grad(output_mask[0], q), grad(output_mask[1], k), grad(output_mask[2], q_weight), grad(output_mask[3], k_weight)
+
+
+for _name in ("qk_norm_rope_backward", "hf_qk_norm_rope_backward", "ltx_qk_norm_rope_from_coords_backward"):
+    torch.library.register_fake(add_op_namespace_prefix(_name), _qk_backward_fake)
+
+
+def _qk_norm_rope_setup(op: str, what: Tuple[str, str]):
+    """setup_context of a fused q/k norm + RoPE op: saves the inputs; refuses a gradient for the
+    tables (or coordinates), which the backward does not compute."""
+
+    def setup(ctx, inputs, output):
+        q, k, q_weight, k_weight, eps, a, b = inputs
+        if ctx.needs_input_grad[5] or ctx.needs_input_grad[6]:
+            raise RuntimeError(f"{op}: no gradient for {what[0]} and {what[1]} (the models build them without "
+                               f"grad); detach them, or use the eager code")
+        ctx.save_for_backward(q, k, q_weight, k_weight, a, b)
+        ctx.eps = eps
+
+    return setup
+
+
+def _qk_norm_rope_bwd(backward_op):
+    def backward(ctx, grad_q, grad_k):
+        q, k, q_weight, k_weight, a, b = ctx.saved_tensors
+        mask = list(ctx.needs_input_grad[:4])
+        grad_q, grad_k = grad_or_zeros(grad_q, q, q.dtype), grad_or_zeros(grad_k, k, k.dtype)
+        grads = backward_op(grad_rows(grad_q), grad_rows(grad_k), q, k, q_weight, k_weight, ctx.eps, a, b, mask)
+        return (*(g if asked else None for g, asked in zip(grads, mask)), None, None, None)
+
+    return backward
+
+
+torch.library.register_autograd(add_op_namespace_prefix("qk_norm_rope"), _qk_norm_rope_bwd(_qk_norm_rope_backward),
+                                setup_context=_qk_norm_rope_setup("qk_norm_rope", ("cos", "sin")))
+torch.library.register_autograd(add_op_namespace_prefix("hf_qk_norm_rope"),
+                                _qk_norm_rope_bwd(_hf_qk_norm_rope_backward),
+                                setup_context=_qk_norm_rope_setup("hf_qk_norm_rope", ("cos", "sin")))
+torch.library.register_autograd(add_op_namespace_prefix("ltx_qk_norm_rope_from_coords"),
+                                _qk_norm_rope_bwd(_ltx_qk_norm_rope_from_coords_backward),
+                                setup_context=_qk_norm_rope_setup("ltx_qk_norm_rope_from_coords", ("grid", "freqs")))
