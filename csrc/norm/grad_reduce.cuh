@@ -124,6 +124,9 @@ inline size_t backward_shared_bytes(int block_threads, int elems) {
   return static_cast<size_t>(block_threads) * partial_slot_stride(elems) * sizeof(float);
 }
 
+// Dynamic shared memory a launch may use without opting in (cudaFuncAttributeMaxDynamicSharedMemorySize).
+constexpr size_t kBackwardMaxSharedBytes = 48 * 1024;
+
 // The block's partial sums of one parameter gradient to out[0, width) (a row of the workspace
 // [items, hidden], at the block's first column): each thread holds acc[e], e < kElems, for the
 // columns slot_of maps to it; its row group's rows are already summed there, and the groups' sums

@@ -135,6 +135,10 @@ void set_segment_rows(NormBackwardParams<T, W, G>& p) {
 
 namespace norm_backward_detail {
 
+// The most dynamic shared memory a norm backward block uses: its largest block, kBackwardElems each.
+constexpr size_t kPartialBytesBound =
+    static_cast<size_t>(kBackwardMaxThreads) * partial_slot_stride(kBackwardElems) * sizeof(float);
+
 template <typename T, typename weight_t, typename grad_t, NormBackwardType kNorm, int kFeatures, int kVec,
           BackwardPass kPass>
 TK_DEVICE void norm_backward_body(const NormBackwardParams<T, weight_t, grad_t>& p) {
@@ -503,6 +507,7 @@ bool plan_norm_backward(NormBackwardParams<T, W, G>& p, int sm_count, NormBackwa
   }
   plan->block_threads = backward_block_threads(p.row_threads);
   plan->shared_bytes = backward_shared_bytes(plan->block_threads, kBackwardElems);
+  static_assert(kPartialBytesBound <= kBackwardMaxSharedBytes, "the partial sums fit without opting in");
   const int64_t target =
       plan->vectorized ? backward_target_blocks<kVecKernel>(plan->block_threads, plan->shared_bytes, sm_count)
                        : backward_target_blocks<kScalarKernel>(plan->block_threads, plan->shared_bytes, sm_count);

@@ -260,7 +260,7 @@ struct QkNormRopeBackwardPlan {
 };
 
 // Plans the launch (sets p.row_threads, rows_per_item, q_items and the head dividers). False when a
-// row needs more threads than a block can have (rows wider than qk_norm_rope_backward_max_width);
+// row needs more threads (or their partial sums more shared memory) than a block can have;
 // the caller checks the narrow path's alignment (qk_norm_rope_backward_aligned with
 // qk_backward_min_vec) first. The caller then allocates q/k_partials (q_items / k_items rows).
 template <bool kHalfRotation, CosSinSource kSource, typename T, typename weight_t, typename table_t>
@@ -281,6 +281,7 @@ bool plan_qk_norm_rope_backward(QkNormRopeBackwardParams<T, weight_t, table_t>& 
   if (p.row_threads > max_threads) return false;
   plan->block_threads = backward_block_threads(p.row_threads);
   plan->shared_bytes = backward_shared_bytes(plan->block_threads, elems);
+  if (plan->shared_bytes > kBackwardMaxSharedBytes) return false;
   const int64_t target =
       plan->vectorized ? backward_target_blocks<kVecKernel>(plan->block_threads, plan->shared_bytes, sm_count)
                        : backward_target_blocks<kMinKernel>(plan->block_threads, plan->shared_bytes, sm_count);

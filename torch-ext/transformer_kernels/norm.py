@@ -24,6 +24,21 @@ ROUNDINGS = ("hf", "diffusers", "torch")
 NORMS = ("rms", "layer")
 
 
+_below_autograd = torch._C._AutoDispatchBelowAutograd
+
+
+def dispatch(op, *args):
+    """op(*args), below the Autograd key when autograd has nothing to record (eager code with grad
+    off, or no tensor argument requiring grad): the Python autograd kernel that register_autograd
+    installs costs several µs a call even then, which host-bound decode pays for every op. Under
+    torch.compile the op is traced as it is, autograd included."""
+    if torch.compiler.is_compiling() or (
+            torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)):
+        return op(*args)
+    with _below_autograd():
+        return op(*args)
+
+
 def refuse_grad(op: str, form: str, *tensors: Optional[torch.Tensor]) -> None:
     """Raises for a form without a backward (in place, ``out=``) called where autograd would need
     one: grad enabled and an input that requires grad. Never a silently dropped gradient."""
@@ -86,7 +101,7 @@ def rms_norm(
         ``out``.
     """
     if out is None:  # allocated in C++: a Python-side torch.empty costs as much as the kernel launch
-        return _rms_norm(x, weight, eps, rounding)
+        return dispatch(_rms_norm, x, weight, eps, rounding)
     refuse_grad("rms_norm", "out= form", x, weight)
     _rms_norm_out(out, x, weight, eps, rounding)
     return out
@@ -111,7 +126,7 @@ def fused_add_rms_norm(
     (out, residual_out)
     """
     if out is None and residual_out is None:
-        return _fused_add_rms_norm(x, residual, weight, eps, rounding)
+        return dispatch(_fused_add_rms_norm, x, residual, weight, eps, rounding)
     if out is None:
         out = torch.empty(x.shape, dtype=rms_norm_out_dtype(x, weight, rounding), device=x.device)
     if residual_out is None:
@@ -157,7 +172,7 @@ def layer_norm(
     and rounded once to x's dtype.
     """
     if out is None:
-        return _layer_norm(x, weight, bias, eps)
+        return dispatch(_layer_norm, x, weight, bias, eps)
     refuse_grad("layer_norm", "out= form", x, weight, bias)
     _layer_norm_out(out, x, weight, bias, eps)
     return out
@@ -180,7 +195,7 @@ def norm_modulate(
     ``round(round(round(norm(x)) * round(1 + scale)) + shift)``.
     """
     if out is None:
-        return _norm_modulate(x, scale, shift, weight, bias, eps, norm)
+        return dispatch(_norm_modulate, x, scale, shift, weight, bias, eps, norm)
     refuse_grad("norm_modulate", "out= form", x, scale, shift, weight, bias)
     _norm_modulate_out(out, x, scale, shift, weight, bias, eps, norm)
     return out
@@ -211,7 +226,7 @@ def gated_add_norm_modulate(
         The new residual stream and the modulated norm of it.
     """
     if h_out is None and out is None:
-        return _gated_add_norm_modulate(x, y, gate, scale, shift, weight, bias, eps, norm)
+        return dispatch(_gated_add_norm_modulate, x, y, gate, scale, shift, weight, bias, eps, norm)
     if h_out is None:
         h_out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if out is None:

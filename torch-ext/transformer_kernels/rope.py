@@ -35,7 +35,7 @@ from typing import Optional, Tuple
 import torch
 
 from ._ops import add_op_namespace_prefix, ops
-from .norm import grad_or_zeros, grad_rows, refuse_grad
+from .norm import dispatch, grad_or_zeros, grad_rows, refuse_grad
 
 STYLES = ("neox", "interleaved")
 
@@ -78,7 +78,7 @@ def ltx_qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k
     """LTX-Video's ``attn.norm_q(q)``, ``attn.norm_k(k)`` (``torch.nn.RMSNorm`` over all heads) and
     ``apply_rotary_emb`` in one pass. q, k ``[B, S, C]``; weights ``[C]``; fp32 cos/sin ``[B, S, C]``.
     Returns new tensors."""
-    q_out, k_out = _qk_norm_rope(q.unsqueeze(2), k.unsqueeze(2), q_weight, k_weight, eps, cos, sin)
+    q_out, k_out = dispatch(_qk_norm_rope, q.unsqueeze(2), k.unsqueeze(2), q_weight, k_weight, eps, cos, sin)
     return q_out.squeeze(2), k_out.squeeze(2)
 
 
@@ -86,7 +86,7 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
                  cos: torch.Tensor, sin: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """Flux's per-head ``norm_q``/``norm_k`` (``torch.nn.RMSNorm`` over d) and ``apply_rotary_emb`` in
     one pass. q, k ``[B, S, H, d]``; weights ``[d]``; fp32 cos/sin ``[S, d]``. Returns new tensors."""
-    return _qk_norm_rope(q, k, q_weight, k_weight, eps, cos.unsqueeze(0), sin.unsqueeze(0))
+    return dispatch(_qk_norm_rope, q, k, q_weight, k_weight, eps, cos.unsqueeze(0), sin.unsqueeze(0))
 
 
 def hf_qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float,
@@ -125,7 +125,7 @@ def hf_qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_
         attention takes, as in eager.
     """
     if out is None:
-        return _hf_qk_norm_rope(q, k, q_weight, k_weight, eps, cos, sin)
+        return dispatch(_hf_qk_norm_rope, q, k, q_weight, k_weight, eps, cos, sin)
     if not isinstance(out, (tuple, list)) or len(out) != 2:
         raise TypeError(f"hf_qk_norm_rope: out must be a (q_out, k_out) pair of tensors, got {type(out).__name__}")
     refuse_grad("hf_qk_norm_rope", "out= form", q, k, q_weight, k_weight, cos, sin)
@@ -187,7 +187,7 @@ def ltx_qk_norm_rope_from_coords(q: torch.Tensor, k: torch.Tensor, q_weight: tor
     tuple of torch.Tensor
         New contiguous ``(q_out, k_out)``.
     """
-    return _ltx_qk_norm_rope_from_coords(q, k, q_weight, k_weight, eps, grid, freqs)
+    return dispatch(_ltx_qk_norm_rope_from_coords, q, k, q_weight, k_weight, eps, grid, freqs)
 
 
 def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, head_size: int,
