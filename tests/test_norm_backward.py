@@ -51,6 +51,28 @@ def leaf(t: torch.Tensor) -> torch.Tensor:
     return t.detach().clone().requires_grad_(True)
 
 
+def grad_inputs(*tensors):
+    """The op's inputs as tensors that require grad, each with its own strides: a view stays the
+    same view (of a leaf copy of its base), so the kernels see the layout under test; take the
+    gradients with grads_of."""
+    out = []
+    for t in tensors:
+        if t is None or t._base is None:
+            out.append(None if t is None else leaf(t))
+        else:
+            out.append(leaf(t._base).as_strided(t.shape, t.stride(), t.storage_offset()))
+    return out
+
+
+def grads_of(outs, inputs, grad_outs):
+    """torch.autograd.grad of outs with respect to the present inputs (None kept in place)."""
+    outs = outs if isinstance(outs, (tuple, list)) else (outs,)
+    grad_outs = grad_outs if isinstance(grad_outs, (tuple, list)) else (grad_outs,)
+    present = [t for t in inputs if t is not None]
+    found = iter(torch.autograd.grad(outs, present, grad_outs))
+    return [None if t is None else next(found) for t in inputs]
+
+
 def f64(t):
     return None if t is None else t.detach().double().requires_grad_(True)
 
@@ -269,12 +291,9 @@ def test_rms_norm_backward_other_roundings(tk, rounding):
 def strided_views(dtype, rows=96, hidden=1000):
     """x views the kernels address without copies: a row stride (a slice of wider rows), and
     leading dims that do not merge (a transpose: the chunked kernels' general addressing)."""
-    wide = random_input((rows, hidden + 24), dtype)
-    yield "row stride", wide[:, :hidden]
-    base = random_input((4, rows // 4, hidden), dtype)
-    yield "transposed leading dims", base.transpose(0, 1)
-    odd = random_input((rows, hidden + 1), dtype)
-    yield "unaligned rows (scalar path)", odd[:, 1:]
+    yield "row stride", random_input((rows, hidden + 24), dtype)[:, :hidden]
+    yield "transposed leading dims", random_input((4, rows // 4, hidden), dtype).transpose(0, 1)
+    yield "unaligned rows (scalar path)", random_input((rows, hidden + 1), dtype)[:, 1:]
 
 
 @gpu
@@ -283,15 +302,15 @@ def test_rms_and_layer_norm_backward_strided(tk, dtype):
     for what, x in strided_views(dtype):
         w = param(x.shape[-1], dtype)
         for norm in ("rms", "layer"):
-            xl, wl = leaf(x), leaf(w)
-            out = tk.rms_norm(xl, wl, EPS) if norm == "rms" else tk.layer_norm(xl, wl, None, EPS)
+            xv, wl = grad_inputs(x, w)
+            out = tk.rms_norm(xv, wl, EPS) if norm == "rms" else tk.layer_norm(xv, wl, None, EPS)
             # an expanded gradient with strided rows, as autograd may hand it
             dy = random_input(out.shape[-1:], dtype, scale=1.0, offset=0.0).expand(out.shape)
-            out.backward(dy)
+            gx, gw = grads_of(out, (xv, wl), dy)
             x64, w64 = f64(x), f64(w)
             float64_norm(x64, norm, w64, None, EPS).backward(dy.double())
-            assert_grad(xl.grad, x64.grad, f"{norm} {what}: dx", dtype)
-            assert_grad(wl.grad, w64.grad, f"{norm} {what}: dweight", dtype, sums=x.numel() // x.shape[-1])
+            assert_grad(gx, x64.grad, f"{norm} {what}: dx", dtype)
+            assert_grad(gw, w64.grad, f"{norm} {what}: dweight", dtype, sums=x.numel() // x.shape[-1])
 
 
 @gpu
@@ -359,14 +378,14 @@ MOD_KINDS = ["D", "B1D", "B1D view", "BSD", "1SD"]
 def test_norm_modulate_backward(tk, norm, kind, dtype, B, S, D):
     x = random_input((B, S, D), dtype)
     scale, shift = modulation(kind, B, S, D, dtype), modulation("B1D", B, S, D, dtype)
-    leaves = [leaf(t) for t in (x, scale, shift)]
-    out = tk.norm_modulate(*leaves, norm=norm, eps=EPS)
+    inputs = grad_inputs(x, scale, shift)
+    out = tk.norm_modulate(*inputs, norm=norm, eps=EPS)
     dy = random_input(out.shape, dtype, scale=1.0, offset=0.0)
-    out.backward(dy)
+    grads = grads_of(out, inputs, dy)
     refs = [f64(t) for t in (x, scale, shift)]
     norm_modulate_float64(*refs, norm=norm, eps=EPS).backward(dy.double())
-    for got, ref, name in zip(leaves, refs, ("dx", "dscale", "dshift")):
-        assert_grad(got.grad, ref.grad, f"{name} ({kind})", dtype, sums=B * S)
+    for got, ref, name in zip(grads, refs, ("dx", "dscale", "dshift")):
+        assert_grad(got, ref.grad, f"{name} ({kind})", dtype, sums=B * S)
 
 
 @gpu
@@ -398,16 +417,16 @@ def test_gated_add_norm_modulate_backward(tk, norm, gate_kind, dtype, B, S, D):
     x, y = random_input((B, S, D), dtype), random_input((B, S, D), dtype)
     gate = None if gate_kind is None else modulation(gate_kind, B, S, D, dtype)
     scale, shift = modulation("B1D view", B, S, D, dtype), modulation("D", B, S, D, dtype)
-    leaves = [None if t is None else leaf(t) for t in (x, y, gate, scale, shift)]
-    h, out = tk.gated_add_norm_modulate(*leaves, norm=norm, eps=EPS)
+    inputs = grad_inputs(x, y, gate, scale, shift)
+    h, out = tk.gated_add_norm_modulate(*inputs, norm=norm, eps=EPS)
     d_h, d_out = (random_input(t.shape, dtype, scale=1.0, offset=0.0) for t in (h, out))
-    torch.autograd.backward((h, out), (d_h, d_out))
+    grads = grads_of((h, out), inputs, (d_h, d_out))
     refs = [f64(t) for t in (x, y, gate, scale, shift)]
     h64, out64 = gated_add_norm_modulate_float64(*refs, norm=norm, eps=EPS, h=h)
     torch.autograd.backward((h64, out64), (d_h.double(), d_out.double()))
-    for got, ref, name in zip(leaves, refs, ("dx", "dy", "dgate", "dscale", "dshift")):
-        if got is not None:
-            assert_grad(got.grad, ref.grad, f"{name} (gate {gate_kind})", dtype, sums=B * S)
+    for got, ref, name in zip(grads, refs, ("dx", "dy", "dgate", "dscale", "dshift")):
+        if ref is not None:
+            assert_grad(got, ref.grad, f"{name} (gate {gate_kind})", dtype, sums=B * S)
 
 
 @gpu
@@ -417,14 +436,14 @@ def test_gated_add_norm_modulate_backward(tk, norm, gate_kind, dtype, B, S, D):
 def test_gated_add_backward(tk, gate_kind, dtype, B, S, D):
     x, y = random_input((B, S, D), dtype), random_input((B, S, D), dtype)
     gate = modulation(gate_kind, B, S, D, dtype)
-    leaves = [leaf(t) for t in (x, y, gate)]
-    out = tk.gated_add(*leaves)
+    inputs = grad_inputs(x, y, gate)
+    out = tk.gated_add(*inputs)
     d_out = random_input(out.shape, dtype, scale=1.0, offset=0.0)
-    out.backward(d_out)
+    grads = grads_of(out, inputs, d_out)
     refs = [f64(t) for t in (x, y, gate)]
     (refs[0] + refs[2] * refs[1]).backward(d_out.double())
-    for got, ref, name in zip(leaves, refs, ("dx", "dy", "dgate")):
-        assert_grad(got.grad, ref.grad, f"{name} (gate {gate_kind})", dtype, sums=B * S)
+    for got, ref, name in zip(grads, refs, ("dx", "dy", "dgate")):
+        assert_grad(got, ref.grad, f"{name} (gate {gate_kind})", dtype, sums=B * S)
 
 
 @gpu
