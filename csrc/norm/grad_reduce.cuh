@@ -19,8 +19,11 @@ namespace transformer_kernels {
 // affine LayerNorm, ~10 arrays) within the registers of a 512-thread block.
 constexpr int kBackwardElems = 8;
 // Threads per block: row groups narrower than this share a block (several rows at once), so each
-// block's parameter partial sums cover several rows before they go to the workspace.
-constexpr int kBackwardBlockThreads = 512;
+// block's parameter partial sums cover several rows before they go to the workspace. 256 rather
+// than 512: the fused kernels take 64-80 registers, at which a 512-thread block leaves an SM one
+// block (16 warps) where 256-thread blocks fit three; the price is more workspace rows (one per
+// resident block). Not yet measured (the GPU lab should try 512 and register caps).
+constexpr int kBackwardBlockThreads = 256;
 constexpr int kBackwardMaxThreads = 1024;
 // Rows wider than one group can hold are split into chunks of this many columns (a multiple of
 // every vector width).

@@ -202,33 +202,23 @@ TK_DEVICE void norm_backward_body(const NormBackwardParams<T, weight_t, grad_t>&
     const T* h = kStats ? p.h + at_row(p.h_seg, p.h_rows, r) + col0 : nullptr;
     const T* scale = kMod && p.scale != nullptr ? p.scale + at_row(p.scale_seg, p.scale_rows, r) + col0 : nullptr;
 
-    float hv[kVecs][kVec], go[kVecs][kVec], dn[kVecs][kVec];
+    // The row's inputs stay as loaded (T: half the registers of fp32) and are widened where used.
+    vec h_raw[kVecs], scale_raw[kVecs];
+    vec_t<grad_t, kVec> go_raw[kVecs];
 #pragma unroll
     for (int k = 0; k < kVecs; ++k) {
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) hv[k][i] = go[k][i] = dn[k][i] = 0.f;
+      h_raw[k] = scale_raw[k] = filled<T, kVec>(from_float<T>(0.f));
+      go_raw[k] = filled<grad_t, kVec>(from_float<grad_t>(0.f));
       if (!active || vec_of(k) >= num_vecs) continue;
       const int c = vec_of(k) * kVec;
-      vec_t<grad_t, kVec> gv;
-      gv.load(dout + c);
-      gv.cast_to(go[k]);
-      if constexpr (kStats) {
-        vec v;
-        v.load(h + c);
-        v.cast_to(hv[k]);
-      }
-      if (scale != nullptr) {
-        vec sv;
-        sv.load(scale + c);
-        float s[kVec];
-        sv.cast_to(s);
-#pragma unroll
-        for (int i = 0; i < kVec; ++i) dn[k][i] = go[k][i] * (1.f + s[i]);
-      } else {
-#pragma unroll
-        for (int i = 0; i < kVec; ++i) dn[k][i] = go[k][i];
-      }
+      go_raw[k].load(dout + c);
+      if constexpr (kStats) h_raw[k].load(h + c);
+      if (scale != nullptr) scale_raw[k].load(scale + c);
     }
+    auto hv = [&](int k, int i) { return to_float(h_raw[k][i]); };
+    auto go = [&](int k, int i) { return to_float(go_raw[k][i]); };
+    // dn, the gradient of the norm's output: dout * (1 + scale) (scale 0 where there is none)
+    auto dn = [&](int k, int i) { return kMod ? go(k, i) * (1.f + to_float(scale_raw[k][i])) : go(k, i); };
 
     // The row's statistics: rstd, mean (LayerNorm), mean(g) (LayerNorm) and c = mean(g * xhat).
     float mean = 0.f, rstd = 1.f, mean_g = 0.f, c_gx = 0.f;
@@ -273,8 +263,8 @@ TK_DEVICE void norm_backward_body(const NormBackwardParams<T, weight_t, grad_t>&
           for (int k = 0; k < kVecs; ++k) {
 #pragma unroll
             for (int i = 0; i < kVec; ++i) {
-              s[0] += hv[k][i] * hv[k][i];
-              s[1] += dn[k][i] * w[k][i] * hv[k][i];
+              s[0] += hv(k, i) * hv(k, i);
+              s[1] += dn(k, i) * w[k][i] * hv(k, i);
             }
           }
           row_group_sum(s, threads);
@@ -290,7 +280,7 @@ TK_DEVICE void norm_backward_body(const NormBackwardParams<T, weight_t, grad_t>&
 #pragma unroll
           for (int k = 0; k < kVecs; ++k) {
 #pragma unroll
-            for (int i = 0; i < kVec; ++i) s1[0] += hv[k][i];
+            for (int i = 0; i < kVec; ++i) s1[0] += hv(k, i);
           }
           row_group_sum(s1, threads);
           mean = s1[0] * inv_n;
@@ -300,7 +290,7 @@ TK_DEVICE void norm_backward_body(const NormBackwardParams<T, weight_t, grad_t>&
             if (vec_of(k) >= num_vecs) continue;  // idle slots hold h = 0, not the mean
 #pragma unroll
             for (int i = 0; i < kVec; ++i) {
-              const float d = hv[k][i] - mean, g = dn[k][i] * w[k][i];
+              const float d = hv(k, i) - mean, g = dn(k, i) * w[k][i];
               s[0] += d * d;
               s[1] += g;
               s[2] += g * d;
@@ -339,13 +329,13 @@ TK_DEVICE void norm_backward_body(const NormBackwardParams<T, weight_t, grad_t>&
 #pragma unroll
       for (int i = 0; i < kVec; ++i) {
         if constexpr (kStats) {
-          const float xhat = (hv[k][i] - mean) * rstd;
-          dh[i] = rstd * (dn[k][i] * w[k][i] - mean_g - xhat * c_gx);
-          if (want_w) acc_w[k][i] += dn[k][i] * xhat;
-          if (want_b) acc_b[k][i] += dn[k][i];
-          ds[i] = go[k][i] * (xhat * w[k][i] + b[k][i]);
+          const float xhat = (hv(k, i) - mean) * rstd, d = dn(k, i);
+          dh[i] = rstd * (d * w[k][i] - mean_g - xhat * c_gx);
+          if (want_w) acc_w[k][i] += d * xhat;
+          if (want_b) acc_b[k][i] += d;
+          ds[i] = go(k, i) * (xhat * w[k][i] + b[k][i]);
         } else {
-          dh[i] = go[k][i];
+          dh[i] = go(k, i);
         }
       }
       if constexpr (kMod) {
@@ -356,10 +346,13 @@ TK_DEVICE void norm_backward_body(const NormBackwardParams<T, weight_t, grad_t>&
           for (int i = 0; i < kVec; ++i) acc_scale[k][i] += ds[i];
         }
         if (p.full[kGradShift] != nullptr) {
-          store(p.full[kGradShift] + out_row + c, go[k]);
+          float g[kVec];
+#pragma unroll
+          for (int i = 0; i < kVec; ++i) g[i] = go(k, i);
+          store(p.full[kGradShift] + out_row + c, g);
         } else if (p.partials[kGradShift] != nullptr) {
 #pragma unroll
-          for (int i = 0; i < kVec; ++i) acc_shift[k][i] += go[k][i];
+          for (int i = 0; i < kVec; ++i) acc_shift[k][i] += go(k, i);
         }
       }
       if (dh_in != nullptr) {
