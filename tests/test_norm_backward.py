@@ -187,6 +187,28 @@ def test_autograd_traced_on_meta(tk):
     assert gx.shape == x.shape
 
 
+def test_forward_and_backward_compile_fullgraph_on_meta(tk):
+    """dynamo and AOT autograd trace the ops, their autograd and the backward ops' fakes (aot_eager
+    on meta tensors: no kernel runs) with no graph break; the GPU test compiles with inductor."""
+    meta = dict(device="meta", dtype=torch.bfloat16)
+
+    def block(x, y, mod, w, q, k, cos):
+        h, n = tk.gated_add_norm_modulate(x, y, mod[:, 0:1], mod[:, 1:2], mod[:, 2:3], norm="layer")
+        h = tk.gated_add(h, n * 0.5, mod[:, 3:4])
+        out, res = tk.fused_add_rms_norm(tk.rms_norm(h, w), h, w)
+        qo, ko = tk.hf_qk_norm_rope(q, k, w[:128], w[:128], EPS, cos, cos)
+        return ((tk.norm_modulate(out, mod[:, 4:5]) * res).float().sum() + tk.layer_norm(res, w, w).float().sum()
+                + qo.float().sum() + ko.float().sum())
+
+    shapes = [(2, 16, 256), (2, 16, 256), (2, 6, 256), (256,), (2, 16, 4, 128), (2, 16, 2, 128)]
+    leaves = [torch.empty(s, **meta, requires_grad=True) for s in shapes]
+    cos = torch.empty(2, 16, 128, **meta)
+    torch._dynamo.reset()
+    loss = torch.compile(block, fullgraph=True, backend="aot_eager")(*leaves, cos)
+    grads = torch.autograd.grad(loss, leaves)
+    assert [g.shape for g in grads] == [t.shape for t in leaves]
+
+
 def test_backward_ops_fake_shapes_follow_output_mask(tk):
     meta = dict(device="meta", dtype=torch.float16)
     x, w = torch.empty(4, 64, **meta), torch.empty(64, **meta)
