@@ -315,7 +315,7 @@ def strided_views(dtype, rows=96, hidden=1000):
     leading dims that do not merge (a transpose: the chunked kernels' general addressing)."""
     yield "row stride", random_input((rows, hidden + 24), dtype)[:, :hidden]
     yield "transposed leading dims", random_input((4, rows // 4, hidden), dtype).transpose(0, 1)
-    yield "unaligned rows (scalar path)", random_input((rows, hidden + 1), dtype)[:, 1:]
+    yield "unaligned rows (element by element, chunked kernels)", random_input((rows, hidden + 1), dtype)[:, 1:]
 
 
 @gpu

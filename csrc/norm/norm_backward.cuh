@@ -469,30 +469,49 @@ struct NormBackwardPlan {
 
 // Plans the launch of the (kNorm, kFeatures) kernels for p: sets p.row_threads, chunks,
 // chunk_elems and items. kWholeRows: the whole-row kernel, false (nothing planned) when the rows
-// lack the SegmentRows form (set_segment_rows) or need more threads than its registers allow; then
-// plan the chunked form (with kBackwardAllFeatures for the norms). sm_count: the device's. The
-// caller then allocates p.partials (plan.items rows each) and p.chunk_stats.
+// lack the SegmentRows form (set_segment_rows) or 16-byte vectors, or need more threads than its
+// registers allow; then plan the chunked form (with kBackwardAllFeatures for the norms), which
+// takes any layout. The whole-row kernels exist for 16-byte vectors only: model widths are
+// multiples of 8, and the element-by-element forms of every variant would double the binary.
+// sm_count: the device's. The caller then allocates p.partials (plan.items rows each) and
+// p.chunk_stats.
 template <NormBackwardType kNorm, int kFeatures, bool kWholeRows, typename T, typename W, typename G>
 bool plan_norm_backward(NormBackwardParams<T, W, G>& p, int sm_count, NormBackwardPlan* plan) {
   using namespace norm_backward_detail;
   constexpr int kVec = vec_size<T>();
   constexpr BackwardPass kMainPass = kWholeRows ? BackwardPass::kWholeRow : BackwardPass::kChunkFromStats;
   constexpr auto kVecKernel = norm_backward_kernel<T, W, G, kNorm, kFeatures, kVec, kMainPass>();
-  constexpr auto kScalarKernel = norm_backward_kernel<T, W, G, kNorm, kFeatures, 1, kMainPass>();
-  if (kWholeRows && !p.segment_rows) return false;
   plan->vectorized = vectorizable(p, kVec);
   plan->chunked = !kWholeRows;
+  if (kWholeRows && !(p.segment_rows && plan->vectorized)) return false;
   const int vec = plan->vectorized ? kVec : 1;
   const int vecs_per_thread = kBackwardElems / vec;
-  const int max_threads = plan->vectorized ? max_block_threads<kVecKernel>(kBackwardBlockThreads)
-                                           : max_block_threads<kScalarKernel>(kBackwardBlockThreads);
+  auto max_threads = [&] {
+    if constexpr (kWholeRows) {
+      return max_block_threads<kVecKernel>(kBackwardBlockThreads);
+    } else {
+      constexpr auto kScalarKernel = norm_backward_kernel<T, W, G, kNorm, kFeatures, 1, kMainPass>();
+      return plan->vectorized ? max_block_threads<kVecKernel>(kBackwardBlockThreads)
+                              : max_block_threads<kScalarKernel>(kBackwardBlockThreads);
+    }
+  };
+  auto target_blocks = [&] {
+    if constexpr (kWholeRows) {
+      return backward_target_blocks<kVecKernel>(plan->block_threads, plan->shared_bytes, sm_count);
+    } else {
+      constexpr auto kScalarKernel = norm_backward_kernel<T, W, G, kNorm, kFeatures, 1, kMainPass>();
+      return plan->vectorized ? backward_target_blocks<kVecKernel>(plan->block_threads, plan->shared_bytes, sm_count)
+                              : backward_target_blocks<kScalarKernel>(plan->block_threads, plan->shared_bytes,
+                                                                      sm_count);
+    }
+  };
   auto in_chunks_of = [&](int64_t elems) {
     p.chunk_elems = static_cast<int>(elems);
     p.chunks = static_cast<int>((p.hidden + elems - 1) / elems);
     p.row_threads = backward_row_threads(elems / vec, vecs_per_thread);
   };
   in_chunks_of(p.hidden);
-  if (p.row_threads > max_threads) {
+  if (p.row_threads > max_threads()) {
     // Statistics need the whole row in one group: the norms take the chunked kernels; gated_add
     // has none, so its rows simply go in chunks of columns.
     if (kWholeRows && kNorm != NormBackwardType::kNone) return false;
@@ -501,33 +520,31 @@ bool plan_norm_backward(NormBackwardParams<T, W, G>& p, int sm_count, NormBackwa
   plan->block_threads = backward_block_threads(p.row_threads);
   plan->shared_bytes = backward_shared_bytes(plan->block_threads, kBackwardElems);
   static_assert(kPartialBytesBound <= kBackwardMaxSharedBytes, "the partial sums fit without opting in");
-  const int64_t target =
-      plan->vectorized ? backward_target_blocks<kVecKernel>(plan->block_threads, plan->shared_bytes, sm_count)
-                       : backward_target_blocks<kScalarKernel>(plan->block_threads, plan->shared_bytes, sm_count);
-  p.items = backward_items(p.num_rows, items_segment_rows(p), std::max<int64_t>(1, target / p.chunks),
+  p.items = backward_items(p.num_rows, items_segment_rows(p), std::max<int64_t>(1, target_blocks() / p.chunks),
                            plan->block_threads / p.row_threads);
   plan->items = p.items.count(p.num_rows);
   return true;
 }
 
-// Launches the planned kernels, then the column sums of the reduced gradients. p as planned, with
-// its workspaces. Rows and hidden > 0.
-template <NormBackwardType kNorm, int kFeatures, typename T, typename W, typename G>
+// Launches the planned kernels (kWholeRows: as plan_norm_backward<..., kWholeRows> planned them),
+// then the column sums of the reduced gradients. p as planned, with its workspaces. Rows and
+// hidden > 0.
+template <NormBackwardType kNorm, int kFeatures, bool kWholeRows, typename T, typename W, typename G>
 cudaError_t norm_backward(const NormBackwardParams<T, W, G>& p, const NormBackwardPlan& plan, cudaStream_t stream) {
   using namespace norm_backward_detail;
   constexpr int kVec = vec_size<T>();
+  if (plan.chunked == kWholeRows) return cudaErrorInvalidValue;  // planned for the other form
   const dim3 grid(static_cast<unsigned>(plan.items * p.chunks));
   auto go = [&](auto kernel) { kernel<<<grid, plan.block_threads, plan.shared_bytes, stream>>>(p); };
-  if (plan.chunked) {
+  if constexpr (kWholeRows) {
+    go(norm_backward_kernel<T, W, G, kNorm, kFeatures, kVec, BackwardPass::kWholeRow>());
+  } else {
     if constexpr (kNorm != NormBackwardType::kNone) {
       plan.vectorized ? go(norm_backward_kernel<T, W, G, kNorm, kFeatures, kVec, BackwardPass::kChunkStats>())
                       : go(norm_backward_kernel<T, W, G, kNorm, kFeatures, 1, BackwardPass::kChunkStats>());
     }
     plan.vectorized ? go(norm_backward_kernel<T, W, G, kNorm, kFeatures, kVec, BackwardPass::kChunkFromStats>())
                     : go(norm_backward_kernel<T, W, G, kNorm, kFeatures, 1, BackwardPass::kChunkFromStats>());
-  } else {
-    plan.vectorized ? go(norm_backward_kernel<T, W, G, kNorm, kFeatures, kVec, BackwardPass::kWholeRow>())
-                    : go(norm_backward_kernel<T, W, G, kNorm, kFeatures, 1, BackwardPass::kWholeRow>());
   }
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;

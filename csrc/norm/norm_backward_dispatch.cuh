@@ -121,7 +121,7 @@ bool run(const NormBackwardCall& c) {
     chunk_stats = at::empty({p.num_rows * p.chunks * kChunkStatFloatsBwd}, x.options().dtype(at::kFloat));
     p.chunk_stats = chunk_stats.data_ptr<float>();
   }
-  const cudaError_t err = norm_backward<kNorm, kFeatures>(p, plan, at::cuda::getCurrentCUDAStream());
+  const cudaError_t err = norm_backward<kNorm, kFeatures, kWholeRows>(p, plan, at::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, c.op, ": kernel launch failed: ", cudaGetErrorString(err));
   for (int i = 0; i < kNumParamGrads; ++i)
     if (sum_after[i].defined()) c.grads[i]->copy_(sum_after[i].sum_to_size(params[i]->sizes()));
