@@ -2,7 +2,9 @@
 
 On CPU the injected model runs against a stand-in kernel made of the eager reference code, which
 checks the wiring (which tensor goes to which op, with which eps and rounding) exactly; on the GPU
-the real kernels run and the output must match the eager model within bf16 rounding."""
+the real kernels run and the output must match the eager model within bf16 rounding. Every wiring
+test counts the kernel calls of each replaced kind; uninject() gives back the original model bit for
+bit."""
 
 from types import SimpleNamespace
 
@@ -10,12 +12,15 @@ import pytest
 import torch
 
 from helpers import EAGER_LAYERS, randomize_norm_weights
+from integration_helpers import CountingKernels, assert_every_kind_ran, assert_restored, snapshot
 from reference.activations import eager_activation, eager_gated_add
 from reference.norms import diffusers_norm_modulate, ltx_gated_add_norm_modulate
 from reference.rope import diffusers_interleaved_rotary, diffusers_qk_norm_rope, ltx_tables_from_coords
 
 diffusers = pytest.importorskip("diffusers")
-from transformer_kernels_integrations.diffusers_models import LTXAttnProcessor, inject  # noqa: E402
+from transformer_kernels_integrations import inject as inject_any  # noqa: E402
+from transformer_kernels_integrations import injected  # noqa: E402
+from transformer_kernels_integrations.diffusers_models import SWITCHES, LTXAttnProcessor, inject, uninject  # noqa: E402
 
 # The kernel API, implemented with the eager code each op replaces.
 EAGER_TK = SimpleNamespace(
@@ -57,10 +62,38 @@ def ltx_inputs(dtype=torch.float32, device="cpu", B=2, F=3, H=4, W=6, T=7):
                 num_frames=F, height=H, width=W, rope_interpolation_scale=(8 / 25, 32, 32), return_dict=False)
 
 
+LTX_REPLACED = {"ltx_rope_coords": 1, "ltx_block": 2, "ltx_attention": 4, "gelu": 3, "layer_norm": 1}
+
+# What each switch turned off alone leaves in the small LTX transformer
+LTX_REPLACED_WITHOUT = {
+    "rms_norm": {"ltx_rope_coords": 1, "ltx_attention_rope": 4, "gelu": 3, "layer_norm": 1},
+    "layer_norm": {"ltx_rope_coords": 1, "ltx_block": 2, "ltx_attention": 4, "gelu": 3},
+    "rope": {"ltx_block": 2, "rms_norm": 8, "gelu": 3, "layer_norm": 1},
+    "qk_norm_rope": {"ltx_rope_coords": 1, "ltx_block": 2, "ltx_attention_unfused": 4, "gelu": 3, "layer_norm": 1},
+    "gelu": {"ltx_rope_coords": 1, "ltx_block": 2, "ltx_attention": 4, "layer_norm": 1},
+    "norm_modulate": {"ltx_rope_coords": 1, "ltx_attention": 4, "rms_norm": 4, "gelu": 3, "layer_norm": 1},
+}
+
+
+def test_switches():
+    assert SWITCHES == ("gelu", "layer_norm", "norm_modulate", "qk_norm_rope", "rms_norm", "rope")
+    with pytest.raises(TypeError, match="unknown switch"):
+        inject(small_ltx(), EAGER_TK, swiglu=False)  # a transformers switch: not this table's
+
+
+@pytest.mark.parametrize("off", SWITCHES)
+def test_each_switch_off_report(off):
+    report = inject(small_ltx(), EAGER_TK, **{off: False})
+    assert report.replaced == LTX_REPLACED_WITHOUT[off], report
+    if off != "qk_norm_rope":  # the unfused attention rule takes what the fused one leaves
+        assert any(f"{off}=False" in why for why in report.skipped.values()), report
+    assert f"switched off: {off}" in str(report)
+
+
 def test_report_and_patched_modules(tk):
     model = small_ltx()
     report = inject(model, tk)
-    assert report.replaced == {"ltx_rope_coords": 1, "ltx_block": 2, "ltx_attention": 4, "gelu": 3, "layer_norm": 1}
+    assert report.replaced == LTX_REPLACED and not report.fallbacks, report
     assert all(isinstance(m.processor, LTXAttnProcessor) for m in model.modules() if hasattr(m, "processor"))
     block = model.transformer_blocks[0]
     assert block.forward.__func__.__qualname__.startswith("_ltx_block_forward")
@@ -68,17 +101,53 @@ def test_report_and_patched_modules(tk):
     assert "ltx_block" in str(report)
 
 
-def assert_wiring_exact(model, inputs):
+def assert_wiring_exact(model, inputs, **switches):
     """The model injected with the eager stand-ins (EAGER_TK) gives exactly its original output: the
-    patched forwards call the right ops with the right arguments."""
+    patched forwards call the right ops with the right arguments, and every replaced kind's ops
+    ran. uninject() then gives back the original model, attribute for attribute and bit for bit,
+    with its original output."""
     expected = model(**inputs)[0]
-    inject(model, EAGER_TK)
+    before = snapshot(model)
+    kernels = CountingKernels(EAGER_TK)
+    report = inject(model, kernels, **switches)
     torch.testing.assert_close(model(**inputs)[0], expected, rtol=0, atol=0)
+    assert_every_kind_ran(report, kernels)
+    uninject(model)
+    assert_restored(model, before)
+    torch.testing.assert_close(model(**inputs)[0], expected, rtol=0, atol=0)
+    return report, kernels
 
 
-def test_wiring_matches_eager_model_exactly_on_cpu():
-    """Same math op for op: the injected model with eager stand-ins equals the original."""
-    assert_wiring_exact(small_ltx(), ltx_inputs())
+SWITCH_SETS = [{}, {s: False for s in SWITCHES}] + [{s: False} for s in SWITCHES]
+
+
+@pytest.mark.parametrize("switches", SWITCH_SETS, ids=lambda s: "all_on" if not s else
+                         "all_off" if len(s) > 1 else f"no_{next(iter(s))}")
+def test_wiring_matches_eager_model_exactly_and_uninject_restores_it_on_cpu(switches):
+    """Same math op for op: the injected model with eager stand-ins equals the original, with every
+    switch on, off, and each one off alone."""
+    report, _ = assert_wiring_exact(small_ltx(), ltx_inputs(), **switches)
+    assert report.replaced == (LTX_REPLACED if not switches else {} if len(switches) > 1
+                               else LTX_REPLACED_WITHOUT[next(iter(switches))])
+
+
+def test_calls_per_forward_are_one_per_patched_module():
+    _, kernels = assert_wiring_exact(small_ltx(), ltx_inputs())
+    # 2 blocks: their modulations and residuals, one fused self-attention each, two cross-attention
+    # norms each, the FFN GELUs and the caption projection's, the output LayerNorm
+    assert kernels.calls == {"norm_modulate": 2, "gated_add": 4, "gated_add_norm_modulate": 2,
+                             "ltx_qk_norm_rope_from_coords": 2, "layers.RMSNorm": 4, "gelu": 3,
+                             "layers.LayerNorm": 1}
+
+
+def test_top_level_inject_and_context_manager_on_ltx():
+    model = small_ltx()
+    before = snapshot(model)
+    with injected(model, EAGER_TK, rope=False) as report:
+        assert report.replaced == LTX_REPLACED_WITHOUT["rope"]
+        assert "forward" in vars(model.transformer_blocks[0])
+    assert_restored(model, before)
+    assert inject_any(model, EAGER_TK, swiglu=False).replaced == LTX_REPLACED  # the union of the tables' switches
 
 
 def test_rope_gives_coordinates_only_where_every_attention_takes_them():
@@ -121,13 +190,18 @@ def test_pipeline_components_and_accelerate_hooks(tk):
     assert model.norm_out.forward == hook_forward  # the hook itself is untouched
     with pytest.raises(TypeError, match="expected a diffusers pipeline"):
         inject(object(), tk)
+    uninject(pipe)
+    assert model.norm_out._old_forward == hook_forward and model.norm_out.forward == hook_forward
 
 
 def assert_injected_matches_eager(model, inputs, tk):
-    """The model's output with our kernels injected is the eager output within bf16 rounding."""
+    """The model's output with our kernels injected is the eager output within bf16 rounding, and
+    every replaced kind's kernel ran."""
     expected = model(**inputs)[0].float()
-    inject(model, tk)
+    kernels = CountingKernels(tk)
+    report = inject(model, kernels, strict=True)
     out = model(**inputs)[0].float()
+    assert_every_kind_ran(report, kernels)
     rel = ((out - expected).norm() / expected.norm()).item()
     assert rel < 1e-2, f"relative error {rel:.2e} against the eager model"
 
@@ -167,7 +241,12 @@ def flux_inputs(dtype=torch.float32, device="cpu", B=2, S_img=24, S_txt=7):
                 txt_ids=torch.zeros(S_txt, 3, device=device), return_dict=False)
 
 
-def test_flux_report_and_exact_wiring_on_cpu(tk):
+@pytest.mark.parametrize("switches", [{}, {"rope": False}], ids=["all_on", "no_rope"])
+def test_flux_report_and_exact_wiring_on_cpu(tk, switches):
+    if switches:
+        report, _ = assert_wiring_exact(small_flux(), flux_inputs(), **switches)
+        assert "flux_attention" not in report.replaced and report.replaced["rms_norm"] == 8  # q/k, added q/k
+        return
     report = inject(small_flux(), tk)
     assert report.replaced.get("flux_attention") == 2 and report.replaced.get("adaln_zero") == 2
     assert report.replaced.get("adaln_zero_single") == 1, report
@@ -225,8 +304,17 @@ def test_pipeline_benchmark_wiring_and_exact_injection_on_cpu():
     def video(inject_eager: bool):
         pipe = build_pipeline(small_ltx(), device="cpu", dtype=torch.float32, vae_config=TINY_LTX_VAE)
         if inject_eager:
-            report = inject(pipe, EAGER_TK)
+            models = {name: m for name, m in pipe.components.items() if isinstance(m, torch.nn.Module)}
+            before = {name: snapshot(m) for name, m in models.items()}
+            kernels = CountingKernels(EAGER_TK)
+            report = inject(pipe, kernels)
             assert report.replaced["ltx_block"] == 2 and report.replaced.get("rms_norm", 0) > 0  # VAE norms too
+            out = pipeline_call(pipe, args, text_tokens=5, text_channels=32)()
+            assert_every_kind_ran(report, kernels)
+            uninject(pipe)
+            for name, m in models.items():
+                assert_restored(m, before[name], added_by_the_run=("_diffusers_hook",))  # the pipeline's own hooks
+            return out
         return pipeline_call(pipe, args, text_tokens=5, text_channels=32)()
 
     expected = video(False)

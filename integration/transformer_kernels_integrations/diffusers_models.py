@@ -3,10 +3,12 @@
 Covered: LTX-Video (blocks, attention, FFN, norms) and Flux (AdaLayerNormZero modulation, attention,
 FFN, norms); any model's RMSNorm, LayerNorm and GELU modules.
 
-What is replaced is a table (``RULES``): each rule names the module class it matches (by class
-name, so both ``diffusers.models.normalization.RMSNorm`` and ``torch.nn.RMSNorm`` are found), and
-how it patches an instance. Rules for a containing module run first and claim the modules they
-fuse (an LTX block claims its norm1/norm2), so nothing is patched twice.
+What is replaced is a table (``RULES``): each rule names the switches it needs, the module class
+it matches (by class name, so both ``diffusers.models.normalization.RMSNorm`` and
+``torch.nn.RMSNorm`` are found), and how it patches an instance. Rules for a containing module run
+first and claim the modules they fuse (an LTX block claims its norm1/norm2), so nothing is patched
+twice. Switches (``inject(pipe, rms_norm=..., layer_norm=..., rope=..., qk_norm_rope=..., gelu=...,
+norm_modulate=...)``, all on by default) turn op kinds off; ``uninject`` undoes everything.
 
 How modules are patched (and how hooks survive) is in ``patching.py``. ``enable_model_cpu_offload``
 hooks whole components, so injecting before or after it works.
@@ -21,7 +23,8 @@ from typing import Callable, NamedTuple
 import torch
 
 from .loading import load_kernel
-from .patching import InjectionReport, Rule, apply_rules, forward_from, layer_forward, named, set_forward
+from .patching import (InjectionReport, Rule, apply_rules, check_switches, forward_from, layer_forward, named,
+                       switches_of, uninject_models)
 
 # ---- patched forwards (bound to the module they replace) ----
 
@@ -181,13 +184,16 @@ def _fused_qk_norm_eps(norm_q: torch.nn.RMSNorm, norm_k: torch.nn.RMSNorm) -> fl
 class LTXAttnProcessor:
     """``LTXVideoAttnProcessor`` with our q/k RMSNorm (``torch.nn.RMSNorm`` across heads) and the
     LTX rotary embedding: in self-attention one launch for both norms and the rotation of q and k,
-    otherwise the norms, then the rotation. Same positional signature as the original."""
+    otherwise the norms, then the rotation. Same positional signature as the original.
+
+    ``fuse=False``: the norms and the rotation as separate kernels; ``qk_norm=False``: the norm
+    modules' own forwards, then our rotation (the ``rms_norm`` or ``qk_norm_rope`` switch off)."""
 
     _attention_backend = None
     _parallel_config = None
 
-    def __init__(self, tk: ModuleType):
-        self.tk = tk
+    def __init__(self, tk: ModuleType, fuse: bool = True, qk_norm: bool = True):
+        self.tk, self.fuse, self.qk_norm = tk, fuse and qk_norm, qk_norm
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None):
         from diffusers.models.attention_dispatch import dispatch_attention_fn
@@ -207,7 +213,7 @@ class LTXAttnProcessor:
         # image_rotary_emb: the rope module's (cos, sin) tables, or its coordinates (LTXRopeCoords)
         # where inject patched the rope module (the kernel then computes cos/sin itself)
         from_coords = isinstance(image_rotary_emb, LTXRopeCoords)
-        if image_rotary_emb is not None and eps is not None and query.shape[1] == key.shape[1]:
+        if self.fuse and image_rotary_emb is not None and eps is not None and query.shape[1] == key.shape[1]:
             # self-attention: both norms and the rotation in one launch
             fused = self.tk.ltx_qk_norm_rope_from_coords if from_coords else self.tk.ltx_qk_norm_rope
             query, key = fused(query, key, attn.norm_q.weight, attn.norm_k.weight, eps, *image_rotary_emb)
@@ -229,7 +235,7 @@ class LTXAttnProcessor:
         return attn.to_out[1](hidden_states)
 
     def _qk_norm(self, norm: torch.nn.RMSNorm, x: torch.Tensor) -> torch.Tensor:
-        return _torch_rms_norm(self.tk, norm, x)
+        return _torch_rms_norm(self.tk, norm, x) if self.qk_norm else norm(x)
 
 
 class LTXRopeCoords(NamedTuple):
@@ -302,47 +308,76 @@ def _ltx_rope_skip(model: torch.nn.Module) -> str | None:
     return f"its attention keeps diffusers' processor ({'; '.join(sorted(reasons))})" if reasons else None
 
 
-def _ltx_rope_coords_patch(model: torch.nn.Module, tk: ModuleType) -> None:
+def _ltx_rope_coords_patch(model: torch.nn.Module, inj) -> None:
     """The rope module returns the coordinates its tables come from (``ltx_rope_coords``), not
     the fp32 tables: the attention kernels compute cos/sin from them, reading 2 x 4 bytes per
     channel less per token for each of q and k, and the tables are never built."""
-    set_forward(model.rope, ltx_rope_coords)
+    inj.set_forward(model.rope, ltx_rope_coords)
 
+
+def _processor(make: Callable[[ModuleType], object]) -> Callable[[torch.nn.Module, object], None]:
+    return lambda module, inj: inj.set_processor(module, make(inj.tk))
+
+
+_ADALN = ("layer_norm", "norm_modulate")  # a LayerNorm and its modulation in one kernel
 
 RULES: tuple[Rule, ...] = (
-    Rule("ltx_rope_coords", named("LTXVideoTransformer3DModel"), _ltx_rope_coords_patch, skip=_ltx_rope_skip),
-    Rule("ltx_block", named("LTXVideoTransformerBlock"), forward_from(_ltx_block_forward), claims=("norm1", "norm2")),
-    Rule("ltx_attention", named("LTXAttention"), lambda m, tk: m.set_processor(LTXAttnProcessor(tk)),
-         claims=("norm_q", "norm_k"), skip=_ltx_attention_skip),
-    Rule("flux_attention", named("FluxAttention"), lambda m, tk: m.set_processor(FluxAttnProcessor(tk)),
+    Rule("ltx_rope_coords", ("rope",), named("LTXVideoTransformer3DModel"), _ltx_rope_coords_patch,
+         skip=_ltx_rope_skip),
+    Rule("ltx_block", ("rms_norm", "norm_modulate"), named("LTXVideoTransformerBlock"),
+         forward_from(_ltx_block_forward), claims=("norm1", "norm2")),
+    Rule("ltx_attention", ("rms_norm", "rope", "qk_norm_rope"), named("LTXAttention"),
+         _processor(LTXAttnProcessor), claims=("norm_q", "norm_k"), skip=_ltx_attention_skip),
+    Rule("ltx_attention_unfused", ("rms_norm", "rope"), named("LTXAttention"),
+         _processor(lambda tk: LTXAttnProcessor(tk, fuse=False)), claims=("norm_q", "norm_k"),
+         skip=_ltx_attention_skip),
+    Rule("ltx_attention_rope", ("rope",), named("LTXAttention"),
+         _processor(lambda tk: LTXAttnProcessor(tk, qk_norm=False)), skip=_ltx_attention_skip),
+    Rule("flux_attention", ("rms_norm", "rope"), named("FluxAttention"), _processor(FluxAttnProcessor),
          claims=("norm_q", "norm_k", "norm_added_q", "norm_added_k"), skip=_flux_attention_skip),
-    Rule("adaln_zero", named("AdaLayerNormZero"), forward_from(_adaln_zero_forward), claims=("norm",),
+    Rule("adaln_zero", _ADALN, named("AdaLayerNormZero"), forward_from(_adaln_zero_forward), claims=("norm",),
          skip=_adaln_skip),
-    Rule("adaln_zero_single", named("AdaLayerNormZeroSingle"), forward_from(_adaln_zero_single_forward),
+    Rule("adaln_zero_single", _ADALN, named("AdaLayerNormZeroSingle"), forward_from(_adaln_zero_single_forward),
          claims=("norm",), skip=_adaln_skip),
-    Rule("sd35_adaln_zero_x", named("SD35AdaLayerNormZeroX"), forward_from(_sd35_adaln_zero_x_forward),
+    Rule("sd35_adaln_zero_x", _ADALN, named("SD35AdaLayerNormZeroX"), forward_from(_sd35_adaln_zero_x_forward),
          claims=("norm",), skip=_adaln_skip),
-    Rule("adaln_continuous", named("AdaLayerNormContinuous"), forward_from(_adaln_continuous_forward),
+    Rule("adaln_continuous", _ADALN, named("AdaLayerNormContinuous"), forward_from(_adaln_continuous_forward),
          claims=("norm",), skip=_adaln_skip),
-    Rule("gelu", named("GELU"), forward_from(_gelu_forward), skip=_gelu_skip),
-    Rule("rms_norm", named("RMSNorm"), layer_forward("RMSNorm")),
-    Rule("layer_norm", named("LayerNorm", "FP32LayerNorm"), layer_forward("LayerNorm"),
+    Rule("gelu", ("gelu",), named("GELU"), forward_from(_gelu_forward), skip=_gelu_skip),
+    Rule("rms_norm", ("rms_norm",), named("RMSNorm"), layer_forward("RMSNorm")),
+    Rule("layer_norm", ("layer_norm",), named("LayerNorm", "FP32LayerNorm"), layer_forward("LayerNorm"),
          skip=lambda m: "FP32LayerNorm computes in fp32 on purpose" if type(m).__name__ == "FP32LayerNorm"
          else _layer_norm_skip(m)),
 )
 
+SWITCHES = switches_of(RULES)
 
-def _models(pipe_or_model) -> list[tuple[str, torch.nn.Module]]:
+
+def components(pipe_or_model) -> list[tuple[str, torch.nn.Module]]:
+    """(name, model) of a pipeline's torch components, or ("", model) for one model."""
     if isinstance(pipe_or_model, torch.nn.Module):
         return [("", pipe_or_model)]
-    components = getattr(pipe_or_model, "components", None)
-    if not isinstance(components, dict):
+    found = getattr(pipe_or_model, "components", None)
+    if not isinstance(found, dict):
         raise TypeError(f"inject: expected a diffusers pipeline or a torch.nn.Module, got {type(pipe_or_model).__name__}")
-    return [(name, m) for name, m in components.items() if isinstance(m, torch.nn.Module)]
+    return [(name, m) for name, m in found.items() if isinstance(m, torch.nn.Module)]
 
 
-def inject(pipe_or_model, tk: ModuleType | None = None) -> InjectionReport:
+def inject(pipe_or_model, tk: ModuleType | None = None, *, strict: bool = False, **switches: bool) -> InjectionReport:
     """Patches every supported module of a pipeline's components (or of one model) in place.
 
-    Returns what was replaced, by kind, and the matching modules left alone with the reason."""
-    return apply_rules(_models(pipe_or_model), RULES, tk or load_kernel())
+    Returns what was replaced, by kind, the matching modules skipped with the reason, and which
+    patched paths can fall back at run time. Switches (keywords, all on by default; ``False`` leaves
+    that op kind to diffusers): {switches}. ``strict=True``: a run-time fallback raises. Undo with
+    ``uninject``."""
+    on = check_switches(switches, SWITCHES, "inject")
+    return apply_rules([(name, m, RULES) for name, m in components(pipe_or_model)], tk or load_kernel(),
+                       switches=on, strict=strict)
+
+
+inject.__doc__ = inject.__doc__.format(switches=", ".join(f"``{s}``" for s in SWITCHES))
+
+
+def uninject(pipe_or_model) -> int:
+    """Restores every forward and processor ``inject`` patched; returns how many changes were undone."""
+    return uninject_models([m for _, m in components(pipe_or_model)])

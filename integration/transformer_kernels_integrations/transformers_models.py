@@ -1,26 +1,30 @@
 """Swap transformer-kernels into transformers' Llama-family models: ``report = inject(model)``.
 
 Table-driven like the diffusers integration (``RULES``, matched by class-name suffix so Llama,
-Mistral, Qwen2 and Qwen3 share one table):
+Mistral, Qwen2 and Qwen3 share one table). Each rule names the switches it needs
+(``inject(model, rms_norm=..., rope=..., swiglu=..., fused_add_rms_norm=..., qk_norm_rope=...)``,
+all on by default):
 
-- ``*DecoderLayer``: the attention residual add and ``post_attention_layernorm`` fused
-  (``fused_add_rms_norm``); claims that norm.
-- ``*MLP`` with ``gate_proj``/``up_proj``/``down_proj`` and a SiLU ``act_fn``: ``act_mul`` between
-  the projections (one kernel for ``act_fn(gate) * up``).
-- ``*RMSNorm`` with ``variance_epsilon``: the Hub ``RMSNorm`` layer's forward (transformers'
-  rounding) for the remaining input norms and the final norm.
-- ``Qwen3Attention``/``Qwen3MoeAttention`` with per-head ``q_norm``/``k_norm``: the attention forward
-  runs the two norms and the rotation as one kernel (``hf_qk_norm_rope``, transformers' rounding)
-  and goes on as transformers' does (cache update, the ``ALL_ATTENTION_FUNCTIONS`` interface, o_proj);
-  claims q_norm and k_norm. Tensors the kernel does not take (CPU, mixed dtypes, autocast) run
-  transformers' own forward. A module this rule skips falls to the next.
-- ``*Attention``: the modeling module's ``apply_rotary_pos_emb`` becomes ours (q and k in one launch).
-  The attention forward looks that function up by global name, so the swap applies to every model
-  of that modeling module in the process (as Liger's patching does); CPU tensors still take
-  transformers' function.
+- ``*DecoderLayer`` (``rms_norm`` + ``fused_add_rms_norm``): the attention residual add and
+  ``post_attention_layernorm`` fused (``fused_add_rms_norm``); claims that norm.
+- ``*MLP`` with ``gate_proj``/``up_proj``/``down_proj`` and a SiLU ``act_fn`` (``swiglu``): ``act_mul``
+  between the projections (one kernel for ``act_fn(gate) * up``).
+- ``*RMSNorm`` with ``variance_epsilon`` (``rms_norm``): the Hub ``RMSNorm`` layer's forward
+  (transformers' rounding) for the remaining input norms and the final norm.
+- ``Qwen3Attention``/``Qwen3MoeAttention`` with per-head ``q_norm``/``k_norm`` (``rms_norm`` + ``rope``
+  + ``qk_norm_rope``): the attention forward runs the two norms and the rotation as one kernel
+  (``hf_qk_norm_rope``, transformers' rounding) and goes on as transformers' does (cache update, the
+  ``ALL_ATTENTION_FUNCTIONS`` interface, o_proj); claims q_norm and k_norm. Tensors the kernel does
+  not take (CPU, mixed dtypes, autocast) run transformers' own forward (a logged fallback). A module
+  this rule skips falls to the next.
+- ``*Attention`` (``rope``): the modeling module's ``apply_rotary_pos_emb`` becomes ours (q and k in
+  one launch). The attention forward looks that function up by global name, so the swap applies to
+  every model of that modeling module in the process (as Liger's patching does) until the last
+  injected model is uninjected; CPU tensors still take transformers' function (a logged fallback).
 
-The Hub path is separate: ``kernelize`` with ``kernel_mapping()`` swaps in our ``RMSNorm``, ``Silu``
-and ``RotaryPosEmb`` layers.
+The Hub paths are separate: ``kernelize`` with ``kernel_mapping()``, or transformers'
+``from_pretrained(..., use_kernels=True, kernel_config=kernel_config())``, swap in our ``RMSNorm``,
+``Silu`` and ``RotaryPosEmb`` layers.
 """
 
 from __future__ import annotations
@@ -32,8 +36,9 @@ from typing import Callable
 
 import torch
 
-from .loading import REPO_ID, load_kernel
-from .patching import InjectionReport, Rule, apply_rules, forward_from, layer_forward, named, set_forward, suffixed
+from .loading import REPO_ID, REVISION, load_kernel
+from .patching import (InjectionReport, Rule, apply_rules, check_switches, forward_from, layer_forward, named,
+                       suffixed, switches_of, uninject_models)
 
 # Devices whose tensors go to the kernels; elsewhere (CPU) transformers' own code runs. Tests widen
 # it to run reference stand-ins for the kernels through the patched forwards on CPU.
@@ -44,17 +49,39 @@ KERNEL_DEVICES = ("cuda",)
 QWEN3_ATTENTIONS = ("Qwen3Attention", "Qwen3MoeAttention")
 
 # transformers' hub layer names -> our layers, for kernels.use_kernel_mapping + kernelize (the Hub
-# path). revision="v1" names the branch version=1 resolves to, which also works offline with
-# LOCAL_KERNELS (kernels 0.17 resolves version= on the Hub even then).
+# path). revision="v1" names the branch version=1 resolves to: LayerRepository resolves version= on
+# the Hub even when LOCAL_KERNELS names a local build (plain get_kernel does not), so the branch
+# works offline too. trust_remote_code=True: transformer-kernels is not a trusted Kernel Hub
+# publisher, and kernels refuses such a repository otherwise (see loading.py).
 HUB_LAYERS = {"RMSNorm": "RMSNorm", "rotary_pos_emb": "RotaryPosEmb", "SiLU": "Silu", "GeluTanh": "GeluTanh"}
+
+# The hub layers a Llama-family model (Llama, Mistral, Qwen2, Qwen3) registers, for kernel_config().
+LLAMA_HUB_LAYERS = ("SiLU", "rotary_pos_emb", "RMSNorm")
 
 
 def kernel_mapping(device: str = "cuda") -> dict:
     """The mapping for ``kernels.use_kernel_mapping``: every transformers hub layer we implement."""
     from kernels import LayerRepository
 
-    return {name: {device: LayerRepository(REPO_ID, layer_name=layer, revision="v1")}
+    return {name: {device: LayerRepository(REPO_ID, layer_name=layer, revision=REVISION, trust_remote_code=True)}
             for name, layer in HUB_LAYERS.items()}
+
+
+def kernel_config(layers: tuple[str, ...] = LLAMA_HUB_LAYERS, device: str = "cuda"):
+    """transformers' ``KernelConfig`` mapping the model's hub layers to ours, for
+    ``from_pretrained(..., use_kernels=True, kernel_config=kernel_config())``.
+
+    `layers` must be hub layer names the model registers (transformers rejects the others); the
+    default is the Llama family's. ``RMSNorm`` goes last: transformers 5.2x re-adds the last entry
+    under the name of our layer class, which only matches for ``RMSNorm``."""
+    from transformers import KernelConfig
+
+    unknown = [name for name in layers if name not in HUB_LAYERS]
+    if unknown:
+        raise ValueError(f"kernel_config: no layer of ours for {unknown}; we have {sorted(HUB_LAYERS)}")
+    ordered = sorted(layers, key=lambda name: name == "RMSNorm")
+    return KernelConfig({name: {device: (f"{REPO_ID}:{HUB_LAYERS[name]}", {"revision": REVISION, "trust_remote_code": True})}
+                         for name in ordered})
 
 
 def _decoder_layer_forward(tk: ModuleType) -> Callable:
@@ -117,7 +144,22 @@ def _attention_interface(modeling: ModuleType, implementation: str) -> Callable:
     return modeling.eager_attention_forward if implementation == "eager" else functions[implementation]
 
 
-def _patch_qwen3_attention(module: torch.nn.Module, tk: ModuleType) -> None:
+def _qwen3_unsupported(hidden_states, q_norm, k_norm, cos) -> str | None:
+    """Why the fused kernel cannot take these tensors (transformers' forward then runs), or None."""
+    dtype = hidden_states.dtype
+    if not _on_kernel_device(hidden_states):
+        return f"tensors on {hidden_states.device.type}"
+    if torch.is_autocast_enabled(hidden_states.device.type):
+        return "autocast is on"
+    # an fp32 norm weight makes eager's q fp32; the kernel keeps q's dtype
+    for what, t in (("q_norm weight", q_norm.weight), ("k_norm weight", k_norm.weight), ("cos", cos)):
+        if t.dtype != dtype:
+            return f"{what} is {t.dtype}, hidden_states {dtype}"
+    return None
+
+
+def _patch_qwen3_attention(module: torch.nn.Module, inj) -> None:
+    tk = inj.tk
     modeling = sys.modules[type(module).__module__]
     original = type(module).forward
     cache_arg = _cache_arg(original)
@@ -126,11 +168,9 @@ def _patch_qwen3_attention(module: torch.nn.Module, tk: ModuleType) -> None:
     def forward(self, hidden_states, position_embeddings, attention_mask=None, **kwargs):
         cos, sin = position_embeddings
         q_norm, k_norm = self.q_norm, self.k_norm
-        dtype = hidden_states.dtype
-        if not (_on_kernel_device(hidden_states) and q_norm.weight.dtype == dtype and k_norm.weight.dtype == dtype
-                and cos.dtype == dtype and not torch.is_autocast_enabled(hidden_states.device.type)):
-            # transformers' own forward for other devices, autocast and mixed dtypes (an fp32 norm
-            # weight makes eager's q fp32; the kernel keeps q's dtype)
+        why = _qwen3_unsupported(hidden_states, q_norm, k_norm, cos)
+        if why is not None:
+            inj.fallback("qk_norm_rope", why)
             return original(self, hidden_states, position_embeddings, attention_mask, **kwargs)
         input_shape = hidden_states.shape[:-1]
         hidden_shape = (*input_shape, -1, self.head_dim)
@@ -157,7 +197,7 @@ def _patch_qwen3_attention(module: torch.nn.Module, tk: ModuleType) -> None:
         attn_output = attn_output.reshape(*input_shape, -1).contiguous()
         return self.o_proj(attn_output), attn_weights
 
-    set_forward(module, forward)
+    inj.set_forward(module, forward)
 
 
 def _qwen3_attention_skip(m) -> str | None:
@@ -182,20 +222,21 @@ def _qwen3_attention_skip(m) -> str | None:
     return None
 
 
-def _patch_rotary(module: torch.nn.Module, tk: ModuleType) -> None:
+def _patch_rotary(module: torch.nn.Module, inj) -> None:
     # The attention forward calls its modeling module's apply_rotary_pos_emb by global name, so the
     # swap is per modeling module (as Liger does it): every model of that class in the process gets
-    # it. Tensors off the GPU still go to transformers' own function.
-    modeling = sys.modules[type(module).__module__]
-    original = getattr(modeling.apply_rotary_pos_emb, "_transformers_original", modeling.apply_rotary_pos_emb)
+    # it, until the last injected one is uninjected. Tensors off the GPU still go to transformers'
+    # own function.
+    def make(original: Callable) -> Callable:
+        def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+            if _on_kernel_device(q):
+                return inj.tk.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim)
+            inj.fallback("rope", f"tensors on {q.device.type}")
+            return original(q, k, cos, sin, unsqueeze_dim)
 
-    def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
-        if _on_kernel_device(q):
-            return tk.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim)
-        return original(q, k, cos, sin, unsqueeze_dim)
+        return apply_rotary_pos_emb
 
-    apply_rotary_pos_emb._transformers_original = original
-    modeling.apply_rotary_pos_emb = apply_rotary_pos_emb
+    inj.swap_global(sys.modules[type(module).__module__], "apply_rotary_pos_emb", make)
 
 
 def _rotary_skip(m) -> str | None:
@@ -204,19 +245,40 @@ def _rotary_skip(m) -> str | None:
 
 
 RULES: tuple[Rule, ...] = (
-    Rule("decoder_layer", suffixed("DecoderLayer"), forward_from(_decoder_layer_forward),
-         claims=("post_attention_layernorm",), skip=_decoder_skip),
-    Rule("qk_norm_rope", named(*QWEN3_ATTENTIONS), _patch_qwen3_attention, claims=("q_norm", "k_norm"),
-         skip=_qwen3_attention_skip),
-    Rule("rope", suffixed("Attention"), _patch_rotary, skip=_rotary_skip),
-    Rule("mlp", suffixed("MLP"), forward_from(_mlp_forward), skip=_mlp_skip),
-    Rule("rms_norm", suffixed("RMSNorm"), layer_forward("RMSNorm"),
+    Rule("decoder_layer", ("rms_norm", "fused_add_rms_norm"), suffixed("DecoderLayer"),
+         forward_from(_decoder_layer_forward), claims=("post_attention_layernorm",), skip=_decoder_skip),
+    Rule("qk_norm_rope", ("rms_norm", "rope", "qk_norm_rope"), named(*QWEN3_ATTENTIONS), _patch_qwen3_attention,
+         claims=("q_norm", "k_norm"), skip=_qwen3_attention_skip,
+         fallback="CPU tensors, autocast, or q/k norm weights or cos of another dtype than the input run "
+                  "transformers' attention forward"),
+    Rule("rope", ("rope",), suffixed("Attention"), _patch_rotary, skip=_rotary_skip,
+         fallback="tensors off the GPU run transformers' apply_rotary_pos_emb (the swap is process-wide)"),
+    Rule("mlp", ("swiglu",), suffixed("MLP"), forward_from(_mlp_forward), skip=_mlp_skip),
+    Rule("rms_norm", ("rms_norm",), suffixed("RMSNorm"), layer_forward("RMSNorm"),
          skip=lambda m: None if hasattr(m, "variance_epsilon") else "no variance_epsilon (not a transformers RMSNorm)"),
 )
 
+SWITCHES = switches_of(RULES)
 
-def inject(model: torch.nn.Module, tk: ModuleType | None = None) -> InjectionReport:
-    """Patches a transformers model in place; returns what was replaced and what was left, with why."""
+
+def inject(model: torch.nn.Module, tk: ModuleType | None = None, *, strict: bool = False,
+           **switches: bool) -> InjectionReport:
+    """Patches a transformers model in place; returns what was replaced, what was skipped (why),
+    and which patched paths can fall back at run time.
+
+    Switches (keywords, all on by default; ``False`` leaves that op kind to transformers):
+    {switches}. ``strict=True`` makes a run-time fallback raise ``KernelFallbackError`` instead of
+    logging it once. `tk`: the kernel module (default: ``load_kernel()``). Undo with ``uninject``."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"inject: expected a transformers model (torch.nn.Module), got {type(model).__name__}")
-    return apply_rules([("", model)], RULES, tk or load_kernel())
+    on = check_switches(switches, SWITCHES, "inject")
+    return apply_rules([("", model, RULES)], tk or load_kernel(), switches=on, strict=strict)
+
+
+inject.__doc__ = inject.__doc__.format(switches=", ".join(f"``{s}``" for s in SWITCHES))
+
+
+def uninject(model: torch.nn.Module) -> int:
+    """Restores every forward and function ``inject`` patched in `model`; returns how many changes
+    were undone (0 for a model that was not injected)."""
+    return uninject_models([model])
