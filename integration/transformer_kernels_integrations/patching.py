@@ -157,6 +157,8 @@ class Injection:
         injected later share the first one's replacement; the original returns when the last of
         them is uninjected."""
         key = (module.__name__, name)
+        if key in _GLOBAL_SWAPS and getattr(module, name) is not _GLOBAL_SWAPS[key][1]:
+            del _GLOBAL_SWAPS[key]  # replaced behind our back (another patcher, a test): start over
         if key not in _GLOBAL_SWAPS:
             original = getattr(module, name)
             _GLOBAL_SWAPS[key] = [original, make(original), 0]
