@@ -58,12 +58,22 @@ def built_variants() -> list[Path]:
     return sorted(p for p in (ROOT / "build").glob("torch*") if (p / "metadata.json").exists())
 
 
+def installed_torch_variant() -> str:
+    """The variant directory kernels picks for the installed torch (build/ may also hold others,
+    e.g. scripts/build_newest_torch.sh's)."""
+    import platform
+
+    major, minor = torch.__version__.split("+")[0].split(".")[:2]
+    cuda = (torch.version.cuda or "").replace(".", "")
+    return f"torch{major}{minor}-cxx11-cu{cuda}-{platform.machine()}-linux"
+
+
 @pytest.fixture(scope="session")
 def variant_dir() -> Path:
-    variants = built_variants()
-    if not variants:
-        pytest.fail(f"no build under {ROOT / 'build'}; {BUILD_HINT}")
-    return variants[-1]
+    variant = ROOT / "build" / installed_torch_variant()
+    if not (variant / "metadata.json").exists():
+        pytest.fail(f"no build for the installed torch ({variant.name}) under {ROOT / 'build'}; {BUILD_HINT}")
+    return variant
 
 
 def load_kernel():

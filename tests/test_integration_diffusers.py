@@ -356,6 +356,13 @@ def test_real_offload_hooks_either_order_on_cpu(order):
     assert calls["fused"] > 0  # our block forward ran under the hooks
     assert hasattr(pipe.transformer, "_hf_hook")  # and the hooks are still there
     torch.testing.assert_close(video, expected, rtol=0, atol=0)
+    # uninject either way round leaves the hooks in place, calling the original forwards
+    uninject(pipe)
+    block = pipe.transformer.transformer_blocks[0]
+    assert hasattr(pipe.transformer, "_hf_hook") and calls["fused"] > 0
+    fused = calls["fused"]
+    assert pipeline_call(pipe, args, text_tokens=5, text_channels=32)().isfinite().all()  # new latents: not `expected`
+    assert calls["fused"] == fused and getattr(block, "_old_forward", block.forward).__func__ is type(block).forward
 
 
 def ltx_rope_inputs(source, B=2, F=3, H=4, W=6, device="cpu"):

@@ -169,7 +169,17 @@ class Injection:
     def _set_attr(self, obj: Any, attr: str, value: Any) -> None:
         had, old = attr in vars(obj), vars(obj).get(attr)
         setattr(obj, attr, value)
-        self.undo.append(lambda: setattr(obj, attr, old) if had else delattr(obj, attr))
+
+        def undo() -> None:
+            if attr == "forward" and vars(obj).get(attr) is not value and vars(obj).get("_old_forward") is value:
+                # an accelerate hook wrapped our forward after inject: give the hook the original
+                obj._old_forward = old if had else types.MethodType(type(obj).forward, obj)
+            elif had:
+                setattr(obj, attr, old)
+            else:
+                delattr(obj, attr)
+
+        self.undo.append(undo)
 
     # -- run time --
 
