@@ -106,3 +106,8 @@ def test_digest_and_provenance(tmp_path):
     _git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c")
     head = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     assert bk.provenance(tmp_path)["kernel"] == {"commit": head, "dirty": False}
+
+
+def test_cxx_standard_follows_torch_as_kernel_builder_sets_it():
+    assert bk.cxx_standard("2.11.0+cu130") == "17"
+    assert bk.cxx_standard("2.12.0") == bk.cxx_standard("2.14.1+cu130") == "20"

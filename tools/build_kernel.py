@@ -225,6 +225,13 @@ def torch_cuda_version(torch_cuda: str | None, nvcc_cuda: tuple[int, int]) -> tu
     return major, minor
 
 
+def cxx_standard(torch_version: str) -> str:
+    """C++17 for torch < 2.12, C++20 from 2.12 on, as kernel-builder sets it (torch 2.12+'s headers
+    need C++20)."""
+    major, minor = (int(p) for p in torch_version.split("+")[0].split(".")[:2])
+    return "20" if (major, minor) >= (2, 12) else "17"
+
+
 def metadata_archs(archs: list[str]) -> list[str]:
     """The archs as kernel-builder's metadata lists them: sorted as strings, the one with PTX
     (the newest, see cmake_architectures) marked ``+PTX``."""
@@ -306,6 +313,7 @@ def build(archs_spec: str = "all", jobs: int | None = None, root: Path = ROOT, v
         "CUDA_ARCHITECTURES": cmake_architectures(archs),
         "NVCC_THREADS": str(min(jobs, len(archs))),
         "CUDA_FLAGS": cuda_flags,
+        "CXX_STANDARD": cxx_standard(torch.__version__),
     }))
     write_if_changed(gen / "registration.h", render("registration.h.in", {}))
 
