@@ -116,8 +116,9 @@ def switches_of(rules: Iterable[Rule]) -> tuple[str, ...]:
 _GLOBAL_SWAPS: dict[tuple[str, str], list] = {}
 
 
-def _release_global(key: tuple[str, str], module: ModuleType) -> None:
-    entry = _GLOBAL_SWAPS[key]
+def _release_global(key: tuple[str, str], entry: list, module: ModuleType) -> None:
+    if _GLOBAL_SWAPS.get(key) is not entry:  # superseded (see swap_global): nothing of ours to undo
+        return
     entry[2] -= 1
     if entry[2] == 0:  # the last injected model that needed it is gone: transformers' own again
         setattr(module, key[1], entry[0])
@@ -163,8 +164,9 @@ class Injection:
             original = getattr(module, name)
             _GLOBAL_SWAPS[key] = [original, make(original), 0]
             setattr(module, name, _GLOBAL_SWAPS[key][1])
-        _GLOBAL_SWAPS[key][2] += 1
-        self.undo.append(lambda: _release_global(key, module))
+        entry = _GLOBAL_SWAPS[key]
+        entry[2] += 1
+        self.undo.append(lambda: _release_global(key, entry, module))
 
     def _set_attr(self, obj: Any, attr: str, value: Any) -> None:
         had, old = attr in vars(obj), vars(obj).get(attr)
