@@ -90,7 +90,8 @@ class NormBenchmark(Benchmark):
 
 
 class ActivationBenchmark(Benchmark):
-    """SwiGLU between the MLP projections (Llama), the FFN's tanh-GELU (LTX-Video)."""
+    """SwiGLU between the MLP projections (Llama), the FFN's tanh-GELU (LTX-Video), alone and in the
+    epilogue of the FFN's input GEMM (``linear_gelu``)."""
 
     seed = 0
 
@@ -98,6 +99,9 @@ class ActivationBenchmark(Benchmark):
         self.gate = _randn(LLAMA["tokens"], LLAMA["intermediate"], device=self.device)
         self.up = _randn(LLAMA["tokens"], LLAMA["intermediate"], device=self.device)
         self.ffn = _randn(LTX["batch"] * LTX["tokens"], 4 * LTX["hidden"], device=self.device)
+        self.tokens = _randn(LTX["batch"] * LTX["tokens"], LTX["hidden"], device=self.device)
+        self.ffn_weight = _randn(4 * LTX["hidden"], LTX["hidden"], scale=LTX["hidden"] ** -0.5, device=self.device)
+        self.ffn_bias = _randn(4 * LTX["hidden"], scale=0.1, device=self.device)
 
     def benchmark_act_mul_silu_llama(self):
         self.out = self.kernel.act_mul(self.gate, self.up, "silu")
@@ -110,6 +114,13 @@ class ActivationBenchmark(Benchmark):
 
     def verify_gelu_tanh_ltx(self):
         return F.gelu(self.ffn, approximate="tanh")
+
+    def benchmark_linear_gelu_ltx(self):
+        self.out = self.kernel.linear_gelu(self.tokens, self.ffn_weight, self.ffn_bias)
+
+    def verify_linear_gelu_ltx(self):
+        # eager rounds the GEMM's output, then the GELU's; the epilogue rounds once (within atol)
+        return F.gelu(F.linear(self.tokens, self.ffn_weight, self.ffn_bias), approximate="tanh")
 
 
 class RopeBenchmark(Benchmark):

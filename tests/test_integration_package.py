@@ -25,7 +25,7 @@ def test_pip_install_and_import_from_another_directory(tmp_path):
     script = (
         "import transformer_kernels_integrations as t\n"
         "from transformer_kernels_integrations import inject, uninject, injected\n"
-        "from transformer_kernels_integrations import loading\n"
+        "from transformer_kernels_integrations import cuda_graphs, loading, merging\n"
         "assert t.__file__.startswith(%r), t.__file__\n"
         "assert loading.ROOT is None\n"
         "try:\n    loading.use_local_build()\nexcept ValueError as e:\n    print('asks:', e)\n"
@@ -34,4 +34,5 @@ def test_pip_install_and_import_from_another_directory(tmp_path):
                          env={"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"})
     assert run.returncode == 0, run.stderr
     assert "asks: no local build given" in run.stdout and "TRANSFORMER_KERNELS_ROOT" in run.stdout
-    assert "switches: fused_add_rms_norm gelu layer_norm norm_modulate qk_norm_rope rms_norm rope swiglu" in run.stdout
+    assert ("switches: fused_add_rms_norm gelu layer_norm linear_gelu merge_projections norm_modulate qk_norm_rope "
+            "rms_norm rope swiglu") in run.stdout
