@@ -12,7 +12,7 @@ import time
 import torch
 
 from _cli import parse, parser
-from transformer_kernels_integrations.transformers_models import inject
+from transformer_kernels_integrations import inject
 
 
 def main() -> None:
@@ -24,9 +24,9 @@ def main() -> None:
     args = parse(p)
 
     if args.random_weights:
-        from benchmarks.bench_llm import LLAMA_31_8B, build
+        from _models import LLAMA_31_8B, llama_8b
 
-        model, tokenizer = build(LLAMA_31_8B["num_hidden_layers"]), None
+        model, tokenizer = llama_8b(), None
         ids = torch.randint(0, LLAMA_31_8B["vocab_size"], (1, 16), device="cuda")
     else:
         from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -8,18 +8,10 @@ With weights it generates a short video and saves it as MP4; with --random-weigh
 transformer's denoising step on random latents, which is what the speed depends on.
 """
 
-import argparse
-
 import torch
 
 from _cli import parse, parser
-from benchmarks.harness import wall_time_s
-from transformer_kernels_integrations.diffusers_models import inject
-
-
-def step_ms(fn) -> float:
-    fn()  # warm-up
-    return wall_time_s(fn, 3) * 1e3
+from transformer_kernels_integrations import inject
 
 
 def main() -> None:
@@ -34,15 +26,14 @@ def main() -> None:
     args = parse(p)
 
     if args.random_weights:
-        from benchmarks.bench_ltx import build_transformer, inputs
+        from _models import ltx_2b_transformer, ltx_step_inputs, wall_time_ms
 
-        model = build_transformer("2b")
-        x = inputs(argparse.Namespace(num_frames=args.num_frames, height=args.height, width=args.width, batch_size=1))
-        t = torch.full((x["hidden_states"].shape[0],), 500.0, device="cuda")
+        model = ltx_2b_transformer()
+        x = ltx_step_inputs(args.num_frames, args.height, args.width)
         with torch.no_grad():
-            eager_ms = step_ms(lambda: model(timestep=t, **x))
+            eager_ms = wall_time_ms(lambda: model(**x))
             print(inject(model))
-            ours_ms = step_ms(lambda: model(timestep=t, **x))
+            ours_ms = wall_time_ms(lambda: model(**x))
         print(f"denoising step: eager {eager_ms:.1f} ms, with transformer-kernels {ours_ms:.1f} ms "
               f"({eager_ms / ours_ms:.2f}x)")
         return

@@ -1,7 +1,15 @@
-"""Loads the built kernel the way users do (kernels + LOCAL_KERNELS) and gates GPU tests."""
+"""Loads the built kernel the way users do (kernels + LOCAL_KERNELS) and gates GPU tests.
+
+Imports only the standard library, torch, pytest and kernels: kernel-builder's Nix runner
+(``nix run .#ci-test``) collects ``tests/`` from a source set that holds only ``tests/**/*.py``,
+``torch-ext`` and the kernel sources, sets LOCAL_KERNELS itself and runs ``pytest -m kernels_ci``.
+There the modules that need the rest of the checkout (reference/, integration/, tools/,
+benchmarks/) are not collected; the ``kernels_ci`` tests import only the kernel package.
+"""
 
 import os
 import random
+import tomllib
 import warnings
 import zlib
 from pathlib import Path
@@ -10,15 +18,36 @@ import pytest
 import torch
 
 from cuda_poison import poison_cuda_cache
-from transformer_kernels_integrations.loading import REPO_ID, ROOT, load_kernel, use_local_build
 
+ROOT = Path(__file__).resolve().parent.parent
+with (ROOT / "build.toml").open("rb") as f:
+    _GENERAL = tomllib.load(f)["general"]
+REPO_ID = _GENERAL["hub"]["repo-id"]
+VERSION = _GENERAL["version"]
 BUILD_HINT = "build it first: `python tools/build_kernel.py` (scripts/test.sh does it for you)"
 
-# Point the Hub loader at this checkout before `kernels` reads the variable (it caches it).
-use_local_build()
+# A checkout has reference/; the Nix runner's source set does not (see above).
+FULL_CHECKOUT = (ROOT / "reference").is_dir()
+KERNELS_CI_MODULES = {"test_kernels_ci.py"}
+
+# Point the Hub loader at this checkout before `kernels` reads the variable (it caches it); the Nix
+# runner's own LOCAL_KERNELS is kept.
+os.environ.setdefault("LOCAL_KERNELS", f"{REPO_ID}={ROOT}")
 
 HAS_GPU = torch.cuda.is_available()
 GPU_SKIP_REASON = "needs an NVIDIA GPU: torch.cuda.is_available() is False on this machine"
+
+
+def pytest_configure(config):
+    # registered here too: the Nix runner has no pytest.ini
+    config.addinivalue_line("markers", "kernels_ci: run by kernel-builder's Nix CI (nix run .#ci-test)")
+    config.addinivalue_line("markers", "gpu: needs an NVIDIA GPU (skipped elsewhere, with the reason)")
+
+
+def pytest_ignore_collect(collection_path, config):
+    if not FULL_CHECKOUT and collection_path.suffix == ".py" and collection_path.name.startswith("test_"):
+        return collection_path.name not in KERNELS_CI_MODULES
+    return None
 
 
 def pytest_collection_modifyitems(config, items):
@@ -42,17 +71,36 @@ def built_variants() -> list[Path]:
     return sorted(p for p in (ROOT / "build").glob("torch*") if (p / "metadata.json").exists())
 
 
+def installed_torch_variant() -> str:
+    """The variant directory kernels picks for the installed torch (build/ may also hold others,
+    e.g. scripts/build_newest_torch.sh's)."""
+    import platform
+
+    major, minor = torch.__version__.split("+")[0].split(".")[:2]
+    cuda = (torch.version.cuda or "").replace(".", "")
+    return f"torch{major}{minor}-cxx11-cu{cuda}-{platform.machine()}-linux"
+
+
 @pytest.fixture(scope="session")
 def variant_dir() -> Path:
-    variants = built_variants()
-    if not variants:
-        pytest.fail(f"no build under {ROOT / 'build'}; {BUILD_HINT}")
-    return variants[-1]
+    variant = ROOT / "build" / installed_torch_variant()
+    if not (variant / "metadata.json").exists():
+        pytest.fail(f"no build for the installed torch ({variant.name}) under {ROOT / 'build'}; {BUILD_HINT}")
+    return variant
+
+
+def load_kernel():
+    """The kernel through the Hub code path: LOCAL_KERNELS resolves it to the local build."""
+    import kernels
+
+    return kernels.get_kernel(REPO_ID, version=VERSION)
 
 
 @pytest.fixture(scope="session")
-def tk(variant_dir):
+def tk():
     """The kernel module, loaded through the Hub code path with LOCAL_KERNELS."""
+    if FULL_CHECKOUT and not built_variants():
+        pytest.fail(f"no build under {ROOT / 'build'}; {BUILD_HINT}")
     return load_kernel()
 
 

@@ -40,6 +40,13 @@ def test_metadata_parses_with_kernels_and_names_the_namespace(variant_dir):
     assert OPS_NAME_RE.match(meta.id), meta.id
     assert (variant_dir / f"{meta.id}.abi3.so").exists()
     assert raw["backend"]["type"] == "cuda" and raw["backend"]["archs"]
+    # as kernel-builder writes them: the newest arch (the one with PTX) marked +PTX, a digest of
+    # every file of the variant, the provenance of the build
+    assert sum(a.endswith("+PTX") for a in raw["backend"]["archs"]) == 1
+    files = {p.relative_to(variant_dir).as_posix() for p in variant_dir.rglob("*") if p.is_file()
+             and "__pycache__" not in p.parts and p.name != "metadata.json"}
+    assert raw["digest"]["algorithm"] == "sha256" and set(raw["digest"]["files"]) == files
+    assert raw["provenance"]["kernel-builder"]["version"] and "commit" in raw["provenance"]["kernel"]
 
 
 def test_namespace_carries_git_tree_id(variant_dir):
@@ -236,4 +243,5 @@ def test_so_carries_machine_code_for_every_listed_arch(variant_dir):
     listing = subprocess.run([tool, "--list-elf", str(so)], capture_output=True, text=True, check=True).stdout
     sass = sorted({m.group(1) for m in re.finditer(r"\.sm_(\d+)\.", listing)}, key=int)
     archs = json.loads((variant_dir / "metadata.json").read_text())["backend"]["archs"]
-    assert sass == [a.replace(".", "") for a in archs], f"SASS {sass} vs metadata archs {archs}"
+    listed = sorted((a.removesuffix("+PTX").replace(".", "") for a in archs), key=int)
+    assert sass == listed, f"SASS {sass} vs metadata archs {archs}"

@@ -53,3 +53,61 @@ def test_archs_resolution():
     assert bk.resolve_archs("8.0,9.0", nvcc) == ["8.0", "9.0"]
     with pytest.raises(SystemExit, match="does not support"):
         bk.resolve_archs("5.2", nvcc)
+
+
+def test_variant_cuda_comes_from_torch_and_a_mismatched_nvcc_is_refused():
+    assert bk.torch_cuda_version("13.0", (13, 0)) == (13, 0)
+    assert bk.variant_name("2.11.0+cu130", bk.torch_cuda_version("13.0", (13, 0))) == "torch211-cxx11-cu130-x86_64-linux"
+    # nvcc 13.2 with torch cu130: the build would be named cu132 and kernels (matching torch's 13.0) refuses it
+    with pytest.raises(SystemExit, match=r"nvcc is CUDA 13.2 but torch was built with CUDA 13.0.*cu130"):
+        bk.torch_cuda_version("13.0", (13, 2))
+    with pytest.raises(SystemExit, match="nvcc is CUDA 12.8 but torch was built with CUDA 13.0"):
+        bk.torch_cuda_version("13.0", (12, 8))
+    with pytest.raises(SystemExit, match="no CUDA support"):
+        bk.torch_cuda_version(None, (13, 0))
+
+
+def test_build_refuses_a_mismatched_nvcc_before_compiling(monkeypatch, tmp_path):
+    """The whole build stops at the check (nothing generated), with the message naming both versions."""
+    import torch
+
+    monkeypatch.setattr(bk, "nvcc_version", lambda nvcc: (13, 2))
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    with pytest.raises(SystemExit, match="nvcc is CUDA 13.2 but torch was built with CUDA 13.0"):
+        bk.build("9.0", root=bk.ROOT)
+
+
+def test_metadata_archs_as_kernel_builder_writes_them():
+    assert bk.metadata_archs(["7.5", "8.0", "9.0", "10.0"]) == ["10.0+PTX", "7.5", "8.0", "9.0"]
+    assert bk.metadata_archs(["9.0"]) == ["9.0+PTX"]
+
+
+def test_digest_and_provenance(tmp_path):
+    import base64
+    import hashlib
+
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "__pycache__").mkdir()
+    (tmp_path / "_x.abi3.so").write_bytes(b"hello world")
+    (tmp_path / "sub" / "m.py").write_text("x = 1\n")
+    (tmp_path / "metadata.json").write_text("{}")
+    (tmp_path / "__pycache__" / "m.cpython-311.pyc").write_bytes(b"\0")
+    digest = bk.variant_digest(tmp_path)
+    # kernel-builder's own test vector for b"hello world" (kernels-data/src/digest.rs)
+    assert digest == {"algorithm": "sha256", "files": {
+        "_x.abi3.so": "uU0nuZNNPgilLlLX2n2r+sSE7+N6U4DukIj3rOLvzek=",
+        "sub/m.py": base64.b64encode(hashlib.sha256(b"x = 1\n").digest()).decode()}}
+    from kernels._rust import Digest, DigestAlgorithm  # kernel-builder's own hashing, shipped in kernels
+
+    assert Digest.hash_variant(DigestAlgorithm.SHA256, tmp_path).files == digest["files"]
+    assert bk.provenance(tmp_path) == {"kernel-builder": {"version": "tools/build_kernel.py"}}  # not a git tree
+    _git(tmp_path, "init", "-q")
+    _git(tmp_path, "add", "sub/m.py")
+    _git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c")
+    head = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert bk.provenance(tmp_path)["kernel"] == {"commit": head, "dirty": False}
+
+
+def test_cxx_standard_follows_torch_as_kernel_builder_sets_it():
+    assert bk.cxx_standard("2.11.0+cu130") == "17"
+    assert bk.cxx_standard("2.12.0") == bk.cxx_standard("2.14.1+cu130") == "20"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from transformer_kernels_integrations.loading import ROOT
+from conftest import ROOT
 from tools.build_kernel import BuildConfigError, load_config
 
 PACKAGE = ROOT / "torch-ext" / "transformer_kernels"

@@ -26,3 +26,15 @@ def test_without_gpu_says_a_gpu_is_needed(example):
     done = subprocess.run([sys.executable, str(example), *args], capture_output=True, text=True, timeout=120)
     assert done.returncode != 0
     assert "runs on NVIDIA GPUs" in done.stderr
+
+
+@pytest.mark.parametrize("example", sorted((Path(__file__).resolve().parent.parent / "examples").glob("*.py")),
+                         ids=lambda p: p.name)
+def test_examples_import_nothing_from_benchmarks(example):
+    """Examples are what users copy: they use the installed packages, not the benchmark scripts."""
+    import ast
+
+    tree = ast.parse(example.read_text())
+    imported = [node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module]
+    imported += [a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names]
+    assert not [m for m in imported if m.split(".")[0] == "benchmarks"], imported

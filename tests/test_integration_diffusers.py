@@ -2,8 +2,11 @@
 
 On CPU the injected model runs against a stand-in kernel made of the eager reference code, which
 checks the wiring (which tensor goes to which op, with which eps and rounding) exactly; on the GPU
-the real kernels run and the output must match the eager model within bf16 rounding."""
+the real kernels run and the output must match the eager model within bf16 rounding. Every wiring
+test counts the kernel calls of each replaced kind; uninject() gives back the original model bit for
+bit."""
 
+import logging
 from types import SimpleNamespace
 
 import pytest
@@ -11,12 +14,15 @@ import torch
 import torch.nn.functional as F
 
 from helpers import EAGER_LAYERS, randomize_norm_weights
+from integration_helpers import CountingKernels, assert_every_kind_ran, assert_restored, snapshot
 from reference.activations import eager_activation, eager_gated_add
 from reference.norms import diffusers_norm_modulate, ltx_gated_add_norm_modulate
 from reference.rope import diffusers_interleaved_rotary, diffusers_qk_norm_rope, ltx_tables_from_coords
 
 diffusers = pytest.importorskip("diffusers")
-from transformer_kernels_integrations.diffusers_models import LTXAttnProcessor, inject  # noqa: E402
+from transformer_kernels_integrations import inject as inject_any  # noqa: E402
+from transformer_kernels_integrations import injected  # noqa: E402
+from transformer_kernels_integrations.diffusers_models import SWITCHES, LTXAttnProcessor, inject, uninject  # noqa: E402
 
 # The kernel API, implemented with the eager code each op replaces.
 EAGER_TK = SimpleNamespace(
@@ -59,12 +65,51 @@ def ltx_inputs(dtype=torch.float32, device="cpu", B=2, F=3, H=4, W=6, T=7):
                 num_frames=F, height=H, width=W, rope_interpolation_scale=(8 / 25, 32, 32), return_dict=False)
 
 
+# the FFNs' GELU(tanh) with its projection: one GEMM with the epilogue (linear_gelu); the caption
+# projection's nn.GELU (gelu); per block the self-attention's q/k/v and the cross-attention's k/v merged
+LTX_REPLACED = {"ltx_rope_coords": 1, "ltx_merged_projections": 2, "ltx_block": 2, "ltx_attention": 4,
+                "linear_gelu": 2, "gelu": 1, "layer_norm": 1}
+_MERGED, _FFN = {"ltx_merged_projections": 2}, {"linear_gelu": 2, "gelu": 1}
+
+# What each switch turned off alone leaves in the small LTX transformer
+LTX_REPLACED_WITHOUT = {
+    "rms_norm": {"ltx_rope_coords": 1, **_MERGED, "ltx_attention_rope": 4, **_FFN, "layer_norm": 1},
+    "layer_norm": {"ltx_rope_coords": 1, **_MERGED, "ltx_block": 2, "ltx_attention": 4, **_FFN},
+    "rope": {"ltx_block": 2, "rms_norm": 8, **_FFN, "layer_norm": 1},
+    "qk_norm_rope": {"ltx_rope_coords": 1, **_MERGED, "ltx_block": 2, "ltx_attention_unfused": 4, **_FFN,
+                     "layer_norm": 1},
+    "gelu": {"ltx_rope_coords": 1, **_MERGED, "ltx_block": 2, "ltx_attention": 4, "layer_norm": 1},
+    "norm_modulate": {"ltx_rope_coords": 1, **_MERGED, "ltx_attention": 4, "rms_norm": 4, **_FFN, "layer_norm": 1},
+    "merge_projections": {"ltx_rope_coords": 1, "ltx_block": 2, "ltx_attention": 4, **_FFN, "layer_norm": 1},
+    "linear_gelu": {"ltx_rope_coords": 1, **_MERGED, "ltx_block": 2, "ltx_attention": 4, "gelu": 3, "layer_norm": 1},
+}
+
+
+def test_switches():
+    assert SWITCHES == ("gelu", "layer_norm", "linear_gelu", "merge_projections", "norm_modulate", "qk_norm_rope",
+                        "rms_norm", "rope")
+    with pytest.raises(TypeError, match="unknown switch"):
+        inject(small_ltx(), EAGER_TK, swiglu=False)  # a transformers switch: not this table's
+
+
+@pytest.mark.parametrize("off", SWITCHES)
+def test_each_switch_off_report(off):
+    report = inject(small_ltx(), EAGER_TK, **{off: False})
+    assert report.replaced == LTX_REPLACED_WITHOUT[off], report
+    # the unfused attention rule takes what the fused one leaves, the unmerged rules what the merged
+    # ones leave, the gelu rule what linear_gelu leaves
+    if off not in ("qk_norm_rope", "merge_projections", "linear_gelu"):
+        assert any(f"{off}=False" in why for why in report.skipped.values()), report
+    assert f"switched off: {off}" in str(report)
+
+
 def test_report_and_patched_modules(tk):
     model = small_ltx()
     report = inject(model, tk)
-    # the FFNs' GELU(tanh) with its projection: one GEMM with the epilogue; the caption projection's nn.GELU
-    assert report.replaced == {"ltx_rope_coords": 1, "ltx_block": 2, "ltx_attention": 4, "linear_gelu": 2, "gelu": 1,
-                               "layer_norm": 1}
+    assert report.replaced == LTX_REPLACED, report
+    # run-time fallbacks only where gradients are wanted (merges) or the dtype/autocast differs (linear_gelu)
+    assert set(report.fallbacks) == {"ltx_merged_projections", "linear_gelu"}, report
+    assert not inject(small_ltx(), tk, merge_projections=False, linear_gelu=False).fallbacks
     assert all(isinstance(m.processor, LTXAttnProcessor) for m in model.modules() if hasattr(m, "processor"))
     block = model.transformer_blocks[0]
     assert block.forward.__func__.__qualname__.startswith("_ltx_block_forward")
@@ -72,17 +117,65 @@ def test_report_and_patched_modules(tk):
     assert "ltx_block" in str(report)
 
 
-def assert_wiring_exact(model, inputs):
+def assert_wiring_exact(model, inputs, **switches):
     """The model injected with the eager stand-ins (EAGER_TK) gives exactly its original output: the
-    patched forwards call the right ops with the right arguments."""
+    patched forwards call the right ops with the right arguments, and every replaced kind's ops
+    ran (under no_grad, where the merged projections run; with gradients wanted the merges fall
+    back to the separate projections, same output). uninject() then gives back the original model,
+    attribute for attribute and bit for bit (no storage shared that was not before), with its
+    original output. Returns the report and the calls of the no_grad forward."""
     expected = model(**inputs)[0]
-    inject(model, EAGER_TK)
+    before = snapshot(model)
+    kernels = CountingKernels(EAGER_TK)
+    report = inject(model, kernels, **switches)
+    with torch.no_grad(), kernels.counting(model):
+        torch.testing.assert_close(model(**inputs)[0], expected, rtol=0, atol=0)
+    assert_every_kind_ran(report, kernels)
+    assert not report.fallbacks_taken, report
+    calls = dict(kernels.calls)
+    torch.testing.assert_close(model(**inputs)[0], expected, rtol=0, atol=0)  # gradients wanted
+    assert set(report.fallbacks_taken) == {kind for kind in report.replaced if kind.endswith("merged_projections")}
+    uninject(model)
+    assert_restored(model, before)
     torch.testing.assert_close(model(**inputs)[0], expected, rtol=0, atol=0)
+    return report, SimpleNamespace(calls=calls)
 
 
-def test_wiring_matches_eager_model_exactly_on_cpu():
-    """Same math op for op: the injected model with eager stand-ins equals the original."""
-    assert_wiring_exact(small_ltx(), ltx_inputs())
+SWITCH_SETS = [{}, {s: False for s in SWITCHES}] + [{s: False} for s in SWITCHES]
+
+
+@pytest.mark.parametrize("switches", SWITCH_SETS, ids=lambda s: "all_on" if not s else
+                         "all_off" if len(s) > 1 else f"no_{next(iter(s))}")
+def test_wiring_matches_eager_model_exactly_and_uninject_restores_it_on_cpu(switches):
+    """Same math op for op: the injected model with eager stand-ins equals the original, with every
+    switch on, off, and each one off alone."""
+    report, _ = assert_wiring_exact(small_ltx(), ltx_inputs(), **switches)
+    assert report.replaced == (LTX_REPLACED if not switches else {} if len(switches) > 1
+                               else LTX_REPLACED_WITHOUT[next(iter(switches))])
+
+
+def test_calls_per_forward_are_one_per_patched_module():
+    _, kernels = assert_wiring_exact(small_ltx(), ltx_inputs())
+    # 2 blocks: their modulations and residuals, one merged q/k/v GEMM and one fused self-attention
+    # each, one merged cross-attention k/v GEMM and two cross-attention norms each, the FFN GEMMs with
+    # the GELU epilogue, the caption projection's GELU, the output LayerNorm
+    assert kernels.calls == {"norm_modulate": 2, "gated_add": 4, "gated_add_norm_modulate": 2, "merged.qkv": 2,
+                             "ltx_qk_norm_rope_from_coords": 2, "merged.kv": 2, "layers.RMSNorm": 4,
+                             "linear_gelu": 2, "gelu": 1, "layers.LayerNorm": 1}
+    _, kernels = assert_wiring_exact(small_ltx(), ltx_inputs(), merge_projections=False, linear_gelu=False)
+    assert kernels.calls == {"norm_modulate": 2, "gated_add": 4, "gated_add_norm_modulate": 2,
+                             "ltx_qk_norm_rope_from_coords": 2, "layers.RMSNorm": 4, "gelu": 3,
+                             "layers.LayerNorm": 1}
+
+
+def test_top_level_inject_and_context_manager_on_ltx():
+    model = small_ltx()
+    before = snapshot(model)
+    with injected(model, EAGER_TK, rope=False) as report:
+        assert report.replaced == LTX_REPLACED_WITHOUT["rope"]
+        assert "forward" in vars(model.transformer_blocks[0])
+    assert_restored(model, before)
+    assert inject_any(model, EAGER_TK, swiglu=False).replaced == LTX_REPLACED  # the union of the tables' switches
 
 
 def test_rope_gives_coordinates_only_where_every_attention_takes_them():
@@ -125,13 +218,19 @@ def test_pipeline_components_and_accelerate_hooks(tk):
     assert model.norm_out.forward == hook_forward  # the hook itself is untouched
     with pytest.raises(TypeError, match="expected a diffusers pipeline"):
         inject(object(), tk)
+    uninject(pipe)
+    assert model.norm_out._old_forward == hook_forward and model.norm_out.forward == hook_forward
 
 
 def assert_injected_matches_eager(model, inputs, tk):
-    """The model's output with our kernels injected is the eager output within bf16 rounding."""
+    """The model's output with our kernels injected is the eager output within bf16 rounding, and
+    every replaced kind's kernel ran."""
     expected = model(**inputs)[0].float()
-    inject(model, tk)
-    out = model(**inputs)[0].float()
+    kernels = CountingKernels(tk)
+    report = inject(model, kernels, strict=True)
+    with torch.no_grad(), kernels.counting(model):  # inference: the merged projections run (strict)
+        out = model(**inputs)[0].float()
+    assert_every_kind_ran(report, kernels)
     rel = ((out - expected).norm() / expected.norm()).item()
     assert rel < 1e-2, f"relative error {rel:.2e} against the eager model"
 
@@ -207,7 +306,53 @@ def test_unmerged_and_without_linear_gelu_reports():
     assert not any(hasattr(m, "_tk_merged") for m in model.modules())
 
 
-def test_flux_report_and_exact_wiring_on_cpu(tk):
+def test_uninject_undoes_the_flux_merges():
+    """Flux's joint block merges q/k/v and the added q/k/v: after uninject each projection weight
+    has storage of its own again, with its values, and the attention holds no merge."""
+    model = small_flux()
+    before = snapshot(model)
+    report = inject(model, EAGER_TK)
+    assert report.replaced["flux_merged_projections"] == 2 and report.replaced["flux_attention"] == 2, report
+    joint = model.transformer_blocks[0].attn
+    assert set(joint._tk_merged) == {"qkv", "added_qkv"}
+    assert joint.add_q_proj.weight.untyped_storage().data_ptr() == joint.add_v_proj.weight.untyped_storage().data_ptr()
+    uninject(model)
+    assert_restored(model, before)  # includes: no two tensors share a storage that did not before
+    assert "_tk_merged" not in vars(joint) and "_apply" not in vars(joint)
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_linear_gelu_falls_back_under_autocast_logged_once_or_raised(caplog, strict):
+    """Under autocast the FFN's GELU(tanh) runs its projection (autocast's dtype), then the gelu
+    kernel: a fallback logged once and counted, or raised under strict."""
+    from transformer_kernels_integrations import KernelFallbackError
+
+    model = small_ltx()
+    report = inject(model, EAGER_TK, strict=strict)
+    gelu = model.transformer_blocks[0].ff.net[0]
+    x = torch.randn(2, 5, 128, generator=torch.Generator().manual_seed(3))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = EAGER_TK.gelu(gelu.proj(x), approximate="tanh")
+        if strict:
+            with pytest.raises(KernelFallbackError, match="linear_gelu runs the projection, then the gelu kernel: "
+                                                          "autocast is on"):
+                gelu(x)
+            return
+        with caplog.at_level(logging.WARNING, logger="transformer_kernels_integrations"):
+            outs = [gelu(x), gelu(x)]
+    for out in outs:
+        torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    assert [r.getMessage() for r in caplog.records if r.name == "transformer_kernels_integrations"] == [
+        "transformer-kernels: linear_gelu runs the projection, then the gelu kernel: autocast is on"]
+    assert report.fallbacks_taken == {"linear_gelu": 2}
+
+
+@pytest.mark.parametrize("switches", [{}, {"rope": False}], ids=["all_on", "no_rope"])
+def test_flux_report_and_exact_wiring_on_cpu(tk, switches):
+    if switches:
+        report, _ = assert_wiring_exact(small_flux(), flux_inputs(), **switches)
+        assert "flux_attention" not in report.replaced and report.replaced["rms_norm"] == 6  # q/k of both blocks, added q/k
+        return
     report = inject(small_flux(), tk)
     assert report.replaced.get("flux_attention") == 2 and report.replaced.get("adaln_zero") == 2
     assert report.replaced.get("adaln_zero_single") == 1, report
@@ -265,8 +410,18 @@ def test_pipeline_benchmark_wiring_and_exact_injection_on_cpu():
     def video(inject_eager: bool):
         pipe = build_pipeline(small_ltx(), device="cpu", dtype=torch.float32, vae_config=TINY_LTX_VAE)
         if inject_eager:
-            report = inject(pipe, EAGER_TK)
+            models = {name: m for name, m in pipe.components.items() if isinstance(m, torch.nn.Module)}
+            before = {name: snapshot(m) for name, m in models.items()}
+            kernels = CountingKernels(EAGER_TK)
+            report = inject(pipe, kernels)
             assert report.replaced["ltx_block"] == 2 and report.replaced.get("rms_norm", 0) > 0  # VAE norms too
+            with kernels.counting(*models.values()):  # the pipeline runs under no_grad: merged projections
+                out = pipeline_call(pipe, args, text_tokens=5, text_channels=32)()
+            assert_every_kind_ran(report, kernels)
+            uninject(pipe)
+            for name, m in models.items():
+                assert_restored(m, before[name], added_by_the_run=("_diffusers_hook",))  # the pipeline's own hooks
+            return out
         return pipeline_call(pipe, args, text_tokens=5, text_channels=32)()
 
     expected = video(False)
@@ -308,6 +463,13 @@ def test_real_offload_hooks_either_order_on_cpu(order):
     assert calls["fused"] > 0  # our block forward ran under the hooks
     assert hasattr(pipe.transformer, "_hf_hook")  # and the hooks are still there
     torch.testing.assert_close(video, expected, rtol=0, atol=0)
+    # uninject either way round leaves the hooks in place, calling the original forwards
+    uninject(pipe)
+    block = pipe.transformer.transformer_blocks[0]
+    assert hasattr(pipe.transformer, "_hf_hook") and calls["fused"] > 0
+    fused = calls["fused"]
+    assert pipeline_call(pipe, args, text_tokens=5, text_channels=32)().isfinite().all()  # new latents: not `expected`
+    assert calls["fused"] == fused and getattr(block, "_old_forward", block.forward).__func__ is type(block).forward
 
 
 def ltx_rope_inputs(source, B=2, F=3, H=4, W=6, device="cpu"):

@@ -1,22 +1,29 @@
 """transformers integration: inject() on Llama and Qwen3 models built from small configs.
 
 On CPU the injected model runs with the eager reference code in place of the kernels and must give
-exactly the original logits (the wiring); on the GPU the real kernels run."""
+exactly the original logits (the wiring), with every switch off, on, and each one off alone, and
+every replaced kind's kernel function called; uninject() gives back the original model bit for bit.
+On the GPU the real kernels run."""
 
+import importlib
 import inspect
+import itertools
+import logging
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 from helpers import EAGER_LAYERS, randomize_norm_weights
+from integration_helpers import CountingKernels, assert_every_kind_ran, assert_restored, snapshot
 from reference.activations import eager_act_and_mul, eager_act_mul
 from reference.norms import hf_fused_add_rms_norm
 from reference.rope import hf_apply_rotary_pos_emb, hf_qk_norm_rope
 
 transformers = pytest.importorskip("transformers")
-from transformer_kernels_integrations import merging, transformers_models  # noqa: E402
-from transformer_kernels_integrations.transformers_models import inject  # noqa: E402
+from transformer_kernels_integrations import KernelFallbackError, injected, merging, patching, transformers_models  # noqa: E402
+from transformer_kernels_integrations import inject as inject_any  # noqa: E402
+from transformer_kernels_integrations.transformers_models import SWITCHES, inject, uninject  # noqa: E402
 
 EAGER_TK = SimpleNamespace(
     layers=EAGER_LAYERS,
@@ -37,15 +44,20 @@ CONFIGS = {
 CLASSES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 
 
-@pytest.fixture(autouse=True)
-def restore_rotary_functions(monkeypatch):
-    """inject() swaps apply_rotary_pos_emb in the modeling modules: undo it after each test, so
-    that every test's eager model is transformers' own."""
-    import importlib
+def modeling(name):
+    return importlib.import_module(f"transformers.models.{name}.modeling_{name}")
 
-    for name in CLASSES:
-        modeling = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
-        monkeypatch.setattr(modeling, "apply_rotary_pos_emb", modeling.apply_rotary_pos_emb)
+
+@pytest.fixture(autouse=True)
+def restore_rotary_functions():
+    """inject() swaps apply_rotary_pos_emb in the modeling modules: a test that leaves a model
+    injected gets transformers' functions back afterwards, so that every test's eager model is
+    transformers' own."""
+    originals = {name: modeling(name).apply_rotary_pos_emb for name in CLASSES}
+    yield
+    patching._GLOBAL_SWAPS.clear()
+    for name, fn in originals.items():
+        modeling(name).apply_rotary_pos_emb = fn
 
 
 def small_model(name, dtype=torch.float32, device="cpu"):
@@ -67,30 +79,79 @@ REPLACED_UNMERGED = {
 }
 
 
-class CountingKernels:
-    """The kernel module, counting the calls of each function (to see which path a forward took)."""
-
-    def __init__(self, tk):
-        self._tk, self.calls = tk, {}
-
-    def __getattr__(self, name):
-        attr = getattr(self._tk, name)
-        if not callable(attr) or isinstance(attr, type) or name == "layers":
-            return attr
-
-        def counted(*args, **kwargs):
-            self.calls[name] = self.calls.get(name, 0) + 1
-            return attr(*args, **kwargs)
-
-        return counted
-
-
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 @pytest.mark.parametrize("merge", [True, False], ids=["merged", "unmerged"])
 def test_report(name, merge):
     model = small_model(name)
     report = inject(model, EAGER_TK, merge_projections=merge)
-    assert report.replaced == (REPLACED if merge else REPLACED_UNMERGED)[name] and not report.left, report
+    assert report.replaced == (REPLACED if merge else REPLACED_UNMERGED)[name] and not report.skipped, report
+    fallback_kind = ("merged_qkv_rope" if merge else "rope") if name == "llama" else (
+        "merged_qkv_qk_norm_rope" if merge else "qk_norm_rope")
+    merged_mlp = {"merged_gate_up_mlp"} if merge else set()
+    assert set(report.fallbacks) == {fallback_kind} | merged_mlp and "transformers'" in report.fallbacks[fallback_kind]
+    assert "can fall back: " + fallback_kind in str(report)
+    assert all("gradients" in report.fallbacks[kind] for kind in {fallback_kind} | merged_mlp if kind.startswith("merged"))
+
+
+def test_switches_are_the_table_s_and_unknown_ones_are_refused(tk):
+    assert SWITCHES == ("fused_add_rms_norm", "merge_projections", "qk_norm_rope", "rms_norm", "rope", "swiglu")
+    with pytest.raises(TypeError, match=r"unknown switch\(es\) \['rmsnorm'\]; the switches are"):
+        inject(small_model("llama"), tk, rmsnorm=False)
+    with pytest.raises(TypeError, match="True or False"):
+        inject(small_model("llama"), tk, rope="no")
+
+
+# What each switch turned off alone leaves (the rules that need it are off; their children fall
+# to the rules after them). Qwen3's q/k/v merge only with its fused attention (qk_norm_rope).
+REPLACED_WITHOUT = {
+    "llama": {
+        "rms_norm": {"merged_gate_up_mlp": 2, "merged_qkv_rope": 2},
+        "rope": {"decoder_layer": 2, "merged_gate_up_mlp": 2, "rms_norm": 3},
+        "swiglu": {"decoder_layer": 2, "rms_norm": 3, "merged_qkv_rope": 2},
+        "fused_add_rms_norm": {"merged_gate_up_mlp": 2, "rms_norm": 5, "merged_qkv_rope": 2},
+        "qk_norm_rope": REPLACED["llama"],
+        "merge_projections": REPLACED_UNMERGED["llama"],
+    },
+    "qwen3": {
+        "rms_norm": {"merged_gate_up_mlp": 2, "rope": 2},
+        "rope": {"decoder_layer": 2, "merged_gate_up_mlp": 2, "rms_norm": 7},
+        "swiglu": {"decoder_layer": 2, "rms_norm": 3, "merged_qkv_qk_norm_rope": 2},
+        "fused_add_rms_norm": {"merged_gate_up_mlp": 2, "rms_norm": 5, "merged_qkv_qk_norm_rope": 2},
+        "qk_norm_rope": {"decoder_layer": 2, "merged_gate_up_mlp": 2, "rms_norm": 7, "rope": 2},
+        "merge_projections": REPLACED_UNMERGED["qwen3"],
+    },
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+@pytest.mark.parametrize("off", SWITCHES)
+def test_each_switch_off(tk, name, off):
+    model = small_model(name)
+    report = inject(model, tk, **{off: False})
+    assert report.replaced == REPLACED_WITHOUT[name][off], report
+    assert report.switches[off] is False and all(v for k, v in report.switches.items() if k != off)
+    # without qk_norm_rope the rope and rms_norm rules take what the fused rule leaves, without
+    # merge_projections the unmerged rules
+    if off not in ("qk_norm_rope", "merge_projections"):
+        assert any(f"{off}=False" in why for why in report.skipped.values()), report
+    assert f"switched off: {off}" in str(report)
+
+
+def test_all_switches_off_patch_nothing(tk):
+    model = small_model("llama")
+    before = snapshot(model)
+    report = inject(model, tk, **{s: False for s in SWITCHES})
+    assert report.replaced == {} and "rms_norm=False" in report.skipped["model.norm"], report
+    assert_restored_after_uninject(model, before)
+
+
+def assert_restored_after_uninject(model, before):
+    uninject(model)
+    assert_restored(model, before)
+
+
+# Every switch off, every switch on, and each one off alone
+SWITCH_SETS = [{}, {s: False for s in SWITCHES}] + [{s: False} for s in SWITCHES]
 
 
 def test_qwen3_attention_the_fused_rule_skips_falls_to_rope():
@@ -100,16 +161,173 @@ def test_qwen3_attention_the_fused_rule_skips_falls_to_rope():
     # layer 0: apply_rotary_pos_emb swapped, its q/k norms left to the RMSNorm rule
     assert report.replaced == {"decoder_layer": 2, "merged_gate_up_mlp": 2, "rms_norm": 5,
                                "merged_qkv_qk_norm_rope": 1, "rope": 1}, report
-    assert not report.left, report
+    assert not report.skipped, report
+    assert "model.layers.0.self_attn" not in report.skipped, report
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
-def test_wiring_matches_eager_model_exactly_on_cpu(name):
+@pytest.mark.parametrize("switches", SWITCH_SETS, ids=lambda s: "all_on" if not s else
+                         "all_off" if len(s) > 1 else f"no_{next(iter(s))}")
+def test_wiring_matches_eager_model_exactly_and_uninject_restores_it_on_cpu(monkeypatch, name, switches):
+    """The eager stand-ins run through every patched forward on CPU (KERNEL_DEVICES widened): the
+    logits are the original's exactly, every replaced kind's kernel function ran (under no_grad,
+    where the merged projections run), with gradients wanted the merged kinds fall back to the
+    separate projections with the same logits, and uninject gives back the original model (every
+    attribute the same object, every weight the same bits and layout, no storage shared that was
+    not before) and transformers' apply_rotary_pos_emb."""
     model = small_model(name)
     ids = torch.randint(0, 101, (2, 13), generator=torch.Generator().manual_seed(3))
     expected = model(ids).logits
-    inject(model, EAGER_TK)
+    before, rotary = snapshot(model), modeling(name).apply_rotary_pos_emb
+    monkeypatch.setattr(transformers_models, "KERNEL_DEVICES", ("cpu",))
+    kernels = CountingKernels(EAGER_TK)
+    report = inject(model, kernels, **switches)
+    with torch.no_grad(), kernels.counting(model):
+        torch.testing.assert_close(model(ids).logits, expected, rtol=0, atol=0)
+    assert_every_kind_ran(report, kernels)
+    assert not report.fallbacks_taken, report
+    torch.testing.assert_close(model(ids).logits, expected, rtol=0, atol=0)  # gradients wanted
+    assert set(report.fallbacks_taken) == {kind for kind in report.replaced if kind.startswith("merged_")}, report
+    assert uninject(model) > 0 or not report.replaced
+    assert_restored(model, before)
+    assert modeling(name).apply_rotary_pos_emb is rotary
+    assert not patching._GLOBAL_SWAPS
     torch.testing.assert_close(model(ids).logits, expected, rtol=0, atol=0)
+    assert uninject(model) == 0  # twice is harmless
+
+
+def test_calls_per_forward_are_one_per_patched_module(monkeypatch):
+    model = small_model("llama")
+    monkeypatch.setattr(transformers_models, "KERNEL_DEVICES", ("cpu",))
+    kernels = CountingKernels(EAGER_TK)
+    inject(model, kernels)
+    model(torch.randint(0, 101, (1, 5)))
+    assert kernels.calls == {"fused_add_rms_norm": 2, "act_mul": 2, "layers.RMSNorm": 3, "apply_rotary_pos_emb": 2}
+
+
+def test_calls_per_forward_with_merged_projections_under_no_grad(monkeypatch):
+    """Inference: one merged q/k/v GEMM and one merged gate/up GEMM per layer, silu_and_mul on the
+    latter, and no separate projection or act_mul."""
+    model = small_model("llama")
+    monkeypatch.setattr(transformers_models, "KERNEL_DEVICES", ("cpu",))
+    kernels = CountingKernels(EAGER_TK)
+    report = inject(model, kernels)
+    with torch.no_grad(), kernels.counting(model):
+        model(torch.randint(0, 101, (1, 5)))
+    assert kernels.calls == {"fused_add_rms_norm": 2, "merged.gate_up": 2, "silu_and_mul": 2, "layers.RMSNorm": 3,
+                             "merged.qkv": 2, "apply_rotary_pos_emb": 2}
+    assert not report.fallbacks_taken
+
+
+def test_rope_swap_is_shared_and_restored_with_the_last_model(tk):
+    rotary = modeling("llama").apply_rotary_pos_emb
+    first, second = small_model("llama"), small_model("llama")
+    inject(first, tk)
+    swapped = modeling("llama").apply_rotary_pos_emb
+    assert swapped is not rotary
+    inject(second, tk)
+    assert modeling("llama").apply_rotary_pos_emb is swapped  # one swap for the process
+    uninject(first)
+    assert modeling("llama").apply_rotary_pos_emb is swapped  # the second model still uses it
+    uninject(second)
+    assert modeling("llama").apply_rotary_pos_emb is rotary
+
+
+def test_inject_twice_needs_uninject_between(tk):
+    model = small_model("llama")
+    inject(model, tk)
+    with pytest.raises(ValueError, match="injected already; call uninject"):
+        inject(model, tk)
+    uninject(model)
+    assert inject(model, tk).replaced == REPLACED["llama"]
+
+
+def test_injected_context_manager_restores_on_exit_and_on_error(tk):
+    model = small_model("qwen3")
+    before = snapshot(model)
+    with injected(model, tk, swiglu=False) as report:
+        assert report.replaced == REPLACED_WITHOUT["qwen3"]["swiglu"]
+    assert_restored(model, before)
+    with pytest.raises(RuntimeError, match="inside"):
+        with injected(model, tk):
+            raise RuntimeError("inside")
+    assert_restored(model, before)
+
+
+def test_top_level_inject_dispatches_to_the_transformers_rules(tk):
+    model = small_model("llama")
+    assert inject_any(model, tk).replaced == REPLACED["llama"]
+    with pytest.raises(TypeError, match="unknown switch"):
+        inject_any(small_model("llama"), tk, no_such_op=False)
+    assert inject_any(small_model("qwen3"), tk, gelu=False).replaced == REPLACED["qwen3"]  # another table's switch
+
+
+def test_fallback_is_logged_once_and_counted(caplog):
+    """Llama's RoPE on CPU tensors runs transformers' function (KERNEL_DEVICES is the GPU's): one
+    warning however many calls, and the report counts them."""
+    model = small_model("llama")
+    ids = torch.randint(0, 101, (2, 7), generator=torch.Generator().manual_seed(1))
+    expected = model(ids).logits
+    kernels = CountingKernels(EAGER_TK)
+    report = inject(model, kernels, merge_projections=False)
+    with caplog.at_level(logging.WARNING, logger="transformer_kernels_integrations"):
+        torch.testing.assert_close(model(ids).logits, expected, rtol=0, atol=0)
+        model(ids)
+    warnings = [r for r in caplog.records if "rope runs the library's own code" in r.getMessage()]
+    assert len(warnings) == 1 and "tensors on cpu" in warnings[0].getMessage()
+    assert report.fallbacks_taken == {"rope": 4} and "apply_rotary_pos_emb" not in kernels.calls
+    assert "fell back 4x: rope" in str(report)
+
+
+def test_merged_fallbacks_are_logged_once_and_counted(caplog):
+    """The merged Llama: on CPU tensors the merged attention runs transformers' forward (whose RoPE
+    falls back too) and the merged MLP the separate projections; on the kernel device with
+    gradients wanted both take the separate projections. One warning per kind and reason."""
+    model = small_model("llama")
+    ids = torch.randint(0, 101, (2, 7), generator=torch.Generator().manual_seed(1))
+    expected = model(ids).logits
+    kernels = CountingKernels(EAGER_TK)
+    report = inject(model, kernels)
+    with caplog.at_level(logging.WARNING, logger="transformer_kernels_integrations"):
+        torch.testing.assert_close(model(ids).logits, expected, rtol=0, atol=0)
+        model(ids)
+    messages = [r.getMessage() for r in caplog.records]
+    assert sorted(messages) == sorted([
+        "transformer-kernels: merged_qkv_rope runs the library's own code: tensors on cpu",
+        "transformer-kernels: rope runs the library's own code: tensors on cpu",
+        "transformer-kernels: merged_gate_up_mlp runs the separate projections: tensors on cpu"]), messages
+    assert report.fallbacks_taken == {"merged_qkv_rope": 4, "rope": 4, "merged_gate_up_mlp": 4}
+    assert "silu_and_mul" not in kernels.calls
+
+    caplog.clear()
+    with pytest.MonkeyPatch.context() as mp, caplog.at_level(logging.WARNING, logger="transformer_kernels_integrations"):
+        mp.setattr(transformers_models, "KERNEL_DEVICES", ("cpu",))
+        torch.testing.assert_close(model(ids).logits, expected, rtol=0, atol=0)
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 2 and all("runs the separate projections: gradients are wanted" in m for m in messages)
+    assert report.fallbacks_taken == {"merged_qkv_rope": 6, "rope": 4, "merged_gate_up_mlp": 6}
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+@pytest.mark.parametrize("merge", [True, False], ids=["merged", "unmerged"])
+def test_strict_makes_a_fallback_raise(name, merge):
+    model = small_model(name)
+    inject(model, EAGER_TK, strict=True, merge_projections=merge)
+    kind = "rope" if name == "llama" else "qk_norm_rope"
+    kind = f"merged_qkv_{kind}" if merge else kind
+    with pytest.raises(KernelFallbackError, match=f"{kind} runs the library's own code: tensors on cpu"):
+        model(torch.randint(0, 101, (1, 4)))
+
+
+def test_strict_makes_merged_projections_raise_where_gradients_are_wanted(monkeypatch):
+    model = small_model("llama")
+    monkeypatch.setattr(transformers_models, "KERNEL_DEVICES", ("cpu",))
+    inject(model, EAGER_TK, strict=True)
+    ids = torch.randint(0, 101, (1, 4))
+    with torch.no_grad():
+        model(ids)  # inference: no fallback
+    with pytest.raises(KernelFallbackError, match="merged_qkv_rope runs the separate projections: gradients are wanted"):
+        model(ids)
 
 
 def prefill_then_decode(model, ids):
@@ -154,13 +372,18 @@ def test_qwen3_fused_attention_compiles_fullgraph_on_cpu(monkeypatch):
     torch.testing.assert_close(compiled, expected, rtol=1e-5, atol=1e-5)  # inductor fuses the reference's ops
 
 
-def test_qwen3_fused_attention_keeps_transformers_code_for_cpu_tensors():
+@pytest.mark.parametrize("merge", [True, False], ids=["merged", "unmerged"])
+def test_qwen3_fused_attention_keeps_transformers_code_for_cpu_tensors(merge):
     model = small_model("qwen3")
     ids = torch.randint(0, 101, (2, 7), generator=torch.Generator().manual_seed(7))
     expected = model(ids).logits
     kernels = CountingKernels(EAGER_TK)
-    inject(model, kernels)
+    report = inject(model, kernels, merge_projections=merge)
     torch.testing.assert_close(model(ids).logits, expected, rtol=0, atol=0)
+    if not merge:
+        assert "hf_qk_norm_rope" not in kernels.calls and report.fallbacks_taken == {"qk_norm_rope": 2}
+    else:  # the merged attention and MLP fall back too (tensors on cpu), once per layer each
+        assert report.fallbacks_taken == {"merged_qkv_qk_norm_rope": 2, "merged_gate_up_mlp": 2}, report
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, expected, rtol=0, atol=0)
     assert "hf_qk_norm_rope" not in kernels.calls and "silu_and_mul" not in kernels.calls
@@ -300,15 +523,56 @@ def test_projections_that_cannot_merge_fall_to_the_unmerged_rules():
                                "merged_qkv_rope": 1, "rope": 1}, report
 
 
+def test_uninject_gives_merged_parameters_storage_of_their_own(monkeypatch):
+    """uninject after merging: every projection parameter is the same object with storage of its
+    own again (none shared, as before inject), holding its current values (here updated in place
+    through the merge by load_state_dict), the merged weights are released, and the modules lose
+    their merges and _apply wrappers (a later .to() converts plainly); injecting again merges again."""
+    import gc
+    import weakref
+
+    model = small_model("llama")
+    params = dict(model.named_parameters())
+    monkeypatch.setattr(transformers_models, "KERNEL_DEVICES", ("cpu",))
+    inject(model, EAGER_TK)
+    attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    merged = [weakref.ref(m.weight) for mod in (attn, mlp) for m in mod._tk_merged.values()]
+    fresh = small_model("llama")
+    with torch.no_grad():
+        for p in fresh.parameters():
+            p.add_(0.01)
+    model.load_state_dict(fresh.state_dict())
+    uninject(model)
+    gc.collect()
+    assert all(ref() is None for ref in merged), "a merged weight outlived uninject"
+    assert dict(model.named_parameters()) == params  # the same objects
+    pointers = [p.untyped_storage().data_ptr() for p in model.parameters()]
+    assert len(set(pointers)) == len(pointers), "parameters still share a storage"
+    for (name, p), q in zip(model.named_parameters(), fresh.parameters()):
+        assert p.is_contiguous() and p.storage_offset() == 0 and p.untyped_storage().nbytes() == p.nbytes, name
+        assert torch.equal(p, q), name
+    assert not any("_tk_merged" in vars(m) or "_apply" in vars(m) for m in model.modules())
+    ids = torch.randint(0, 101, (1, 6), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, fresh(ids).logits, rtol=0, atol=0)
+    model.to(torch.float64)
+    assert attn.q_proj.weight.untyped_storage().data_ptr() != attn.k_proj.weight.untyped_storage().data_ptr()
+    model.to(torch.float32)
+    assert inject(model, EAGER_TK).replaced == REPLACED["llama"] and "qkv" in attn._tk_merged
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_injected_model_matches_eager_on_gpu(tk, name):
     model = small_model(name, torch.bfloat16, "cuda")
     ids = torch.randint(0, 101, (2, 33), device="cuda")
     expected = model(ids).logits.float()
-    report = inject(model, tk)
+    kernels = CountingKernels(tk)
+    report = inject(model, kernels, strict=True)  # no fallback on the GPU
     assert report.replaced == REPLACED[name], report
-    out = model(ids).logits.float()
+    with torch.no_grad(), kernels.counting(model):  # inference: the merged projections run (strict)
+        out = model(ids).logits.float()
+    assert_every_kind_ran(report, kernels)
     assert ((out - expected).norm() / expected.norm()).item() < 1e-2
     generated = model.generate(ids[:, :5], max_new_tokens=4, do_sample=False)  # decode with a KV cache
     assert generated.shape == (2, 9)
@@ -356,3 +620,112 @@ def test_hub_layers_validate_against_transformers_layers(tk):
         if hosts[hub_name] is not None:  # older transformers lack some of the classes
             _validate_layer(check_cls=hosts[hub_name], cls=getattr(tk.layers, layer), repo=hub_name)
     assert set(kernel_mapping()) == set(HUB_LAYERS)
+
+
+# ---- transformers' own Hub path: from_pretrained(..., use_kernels=True, kernel_config=...) ----
+
+
+def transformers_takes_installed_kernels() -> str | None:
+    """Why transformers' kernel integration is off with the installed kernels, or None."""
+    from importlib.metadata import version
+
+    from transformers.utils import import_utils
+
+    if import_utils.is_kernels_available():
+        return None
+    return (f"transformers {transformers.__version__} accepts kernels >= {import_utils.KERNELS_MIN_VERSION}, "
+            f"< {import_utils.KERNELS_MAX_VERSION}; kernels {version('kernels')} is installed, so its hub "
+            f"layers are not registered and use_kernels=True raises")
+
+
+def test_kernel_config_names_our_layers_with_trust_and_the_v1_branch(tk):
+    """The KernelConfig describes our layers (revision v1, trust_remote_code=True, RMSNorm last),
+    and each entry loads the layer it names through the LayerRepository transformers builds."""
+    from kernels import LayerRepository
+
+    from transformer_kernels_integrations.loading import REPO_ID
+    from transformer_kernels_integrations.transformers_models import HUB_LAYERS, kernel_config
+
+    config = kernel_config()
+    assert list(config.kernel_mapping) == ["SiLU", "rotary_pos_emb", "RMSNorm"]
+    for name, per_device in config.kernel_mapping.items():
+        repo, meta = per_device["cuda"]
+        assert repo == f"{REPO_ID}:{HUB_LAYERS[name]}" and meta == {"revision": "v1", "trust_remote_code": True}
+        layer = LayerRepository(REPO_ID, layer_name=HUB_LAYERS[name], **meta).load()
+        assert layer is getattr(tk.layers, HUB_LAYERS[name])
+    with pytest.raises(ValueError, match="no layer of ours"):
+        kernel_config(("MultiScaleDeformableAttention",))
+
+
+def save_small_llama(tmp_path):
+    model = small_model("llama")
+    model.save_pretrained(tmp_path)
+    return model
+
+
+def test_from_pretrained_with_our_kernel_config_on_cpu(tmp_path, tk):
+    """use_kernels=True with our KernelConfig: the mapping passes transformers' checks and loads our
+    layers; on CPU kernelize keeps transformers' forwards (the mapping is for cuda), so the logits
+    are the eager ones."""
+    why = transformers_takes_installed_kernels()
+    if why:
+        pytest.skip(why)
+    from transformer_kernels_integrations.transformers_models import kernel_config
+
+    eager = save_small_llama(tmp_path)
+    model = transformers.LlamaForCausalLM.from_pretrained(tmp_path, use_kernels=True, kernel_config=kernel_config())
+    ids = torch.randint(0, 101, (2, 9), generator=torch.Generator().manual_seed(4))
+    torch.testing.assert_close(model(ids).logits, eager(ids).logits, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+def test_from_pretrained_with_our_kernel_config_on_gpu(tmp_path, tk):
+    """On the GPU, kernelize binds our RMSNorm layer's forward to every RMSNorm (and SiLU, RoPE),
+    the kernel runs (call counts) and the logits match eager within bf16 rounding."""
+    why = transformers_takes_installed_kernels()
+    if why:
+        pytest.skip(why)
+    from transformer_kernels_integrations.transformers_models import kernel_config
+
+    save_small_llama(tmp_path)
+    eager = transformers.LlamaForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16).to("cuda").eval()
+    model = transformers.LlamaForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16, device_map="cuda",
+                                                          use_kernels=True, kernel_config=kernel_config())
+    norms = [m for m in model.modules() if type(m).__name__ == "LlamaRMSNorm"]
+    assert norms and all(m.forward.__func__ is tk.layers.RMSNorm.forward for m in norms)
+    ids = torch.randint(0, 101, (2, 33), device="cuda")
+    with torch.no_grad():
+        expected = eager(ids).logits.float()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            out = model(ids).logits.float()
+    calls = {e.key: e.count for e in prof.key_averages()}
+    assert calls.get(tk.add_op_namespace_prefix("rms_norm")) == len(norms), calls  # every norm ran our op
+    assert ((out - expected).norm() / expected.norm()).item() < 1e-2
+
+
+@pytest.mark.gpu
+def test_kernelize_with_our_kernel_mapping_on_gpu(monkeypatch, tk):
+    """kernels' own path, which works whatever transformers accepts: tag the RMSNorm class (what
+    replace_kernel_forward_from_hub does; transformers tags it only when it takes the installed
+    kernels), kernelize with kernel_mapping(): every RMSNorm runs our op, logits within bf16."""
+    from kernels import Mode, kernelize, use_kernel_mapping
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    from transformer_kernels_integrations.transformers_models import kernel_mapping
+
+    if getattr(LlamaRMSNorm, "kernel_layer_name", None) is None:
+        monkeypatch.setattr(LlamaRMSNorm, "kernel_layer_name", "RMSNorm", raising=False)
+        monkeypatch.setattr(LlamaRMSNorm, "kernel_condition", staticmethod(lambda module: True), raising=False)
+    model = small_model("llama", torch.bfloat16, "cuda")
+    ids = torch.randint(0, 101, (2, 33), device="cuda")
+    with torch.no_grad():
+        expected = model(ids).logits.float()
+    with use_kernel_mapping(kernel_mapping()):
+        kernelize(model, mode=Mode.INFERENCE, device="cuda")
+    norms = [m for m in model.modules() if isinstance(m, LlamaRMSNorm)]
+    assert all(m.forward.__func__ is tk.layers.RMSNorm.forward for m in norms)
+    with torch.no_grad(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        out = model(ids).logits.float()
+    calls = {e.key: e.count for e in prof.key_averages()}
+    assert calls.get(tk.add_op_namespace_prefix("rms_norm")) == len(norms), calls
+    assert ((out - expected).norm() / expected.norm()).item() < 1e-2

@@ -20,6 +20,8 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import base64
+import hashlib
 import json
 import os
 import platform
@@ -83,9 +85,9 @@ class KernelConfig:
 def load_config(root: Path = ROOT) -> KernelConfig:
     """Reads build.toml and checks it against the edition-5 rules.
 
-    The rules checked here are the ones kernel-builder's parser enforces (see
-    ../shared/reference/kernel-builder.md §1.3); when the ``kernels`` package ships that parser
-    (``kernels._rust.Build``), it is run as well.
+    The rules checked here are the ones kernel-builder's parser enforces (huggingface/kernels,
+    ``kernels-data/src/config``: the edition-5 schema); when the ``kernels`` package ships that
+    parser (``kernels._rust.Build``), it is run as well.
     """
     path = root / "build.toml"
     with path.open("rb") as f:
@@ -208,6 +210,59 @@ def cmake_architectures(archs: list[str]) -> str:
     return ";".join([f"{n}-real" for n in nums[:-1]] + [nums[-1]])
 
 
+def torch_cuda_version(torch_cuda: str | None, nvcc_cuda: tuple[int, int]) -> tuple[int, int]:
+    """The CUDA version the variant is named from: torch's (``torch.version.cuda``), since that is
+    what ``kernels`` matches a variant against. A compiler of another CUDA version is refused: its
+    build would be named for one CUDA and built with another."""
+    if torch_cuda is None:
+        raise SystemExit("the installed torch has no CUDA support; install a CUDA build of torch")
+    major, minor = (int(p) for p in torch_cuda.split(".")[:2])
+    if (major, minor) != tuple(nvcc_cuda):
+        raise SystemExit(
+            f"nvcc is CUDA {nvcc_cuda[0]}.{nvcc_cuda[1]} but torch was built with CUDA {torch_cuda}: kernels loads "
+            f"a variant named for torch's CUDA (cu{major}{minor}), so build with the CUDA {major}.{minor} toolkit "
+            f"(put its nvcc first on PATH) or install the torch build for CUDA {nvcc_cuda[0]}.{nvcc_cuda[1]}")
+    return major, minor
+
+
+def cxx_standard(torch_version: str) -> str:
+    """C++17 for torch < 2.12, C++20 from 2.12 on, as kernel-builder sets it (torch 2.12+'s headers
+    need C++20)."""
+    major, minor = (int(p) for p in torch_version.split("+")[0].split(".")[:2])
+    return "20" if (major, minor) >= (2, 12) else "17"
+
+
+def metadata_archs(archs: list[str]) -> list[str]:
+    """The archs as kernel-builder's metadata lists them: sorted as strings, the one with PTX
+    (the newest, see cmake_architectures) marked ``+PTX``."""
+    newest = max(archs, key=lambda a: tuple(map(int, a.split("."))))
+    return sorted(f"{a}+PTX" if a == newest else a for a in set(archs))
+
+
+def variant_digest(variant: Path) -> dict:
+    """kernel-builder's ``digest``: base64 SHA-256 of every file of the variant (relative path keys),
+    without metadata.json (it holds the digest) and Python bytecode."""
+    files = {}
+    for path in sorted(p for p in variant.rglob("*") if p.is_file()):
+        rel = path.relative_to(variant).as_posix()
+        if rel in ("metadata.json", "metadata.json.sigstore") or "__pycache__" in path.parts or path.suffix == ".pyc":
+            continue
+        files[rel] = base64.b64encode(hashlib.sha256(path.read_bytes()).digest()).decode()
+    return {"algorithm": "sha256", "files": files}
+
+
+def provenance(root: Path) -> dict:
+    """kernel-builder's ``provenance``: the builder (this script, part of the kernel's own tree) and
+    the kernel source's commit and dirty flag (omitted outside git)."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True, text=True).stdout.strip()
+    try:
+        kernel = {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        return {"kernel-builder": {"version": "tools/build_kernel.py"}}
+    return {"kernel-builder": {"version": "tools/build_kernel.py", **kernel}, "kernel": kernel}
+
+
 def variant_name(torch_version: str, cuda: tuple[int, int]) -> str:
     major, minor = torch_version.split("+")[0].split(".")[:2]
     arch = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}[platform.machine().lower()]
@@ -235,12 +290,7 @@ def build(archs_spec: str = "all", jobs: int | None = None, root: Path = ROOT, v
 
     cfg = load_config(root)
     nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
-    cuda = nvcc_version(nvcc)
-    if torch.version.cuda is None:
-        raise SystemExit("the installed torch has no CUDA support; install a CUDA build of torch")
-    torch_cuda_major = int(torch.version.cuda.split(".")[0])
-    if torch_cuda_major != cuda[0]:
-        raise SystemExit(f"nvcc is CUDA {cuda[0]}.{cuda[1]} but torch was built with CUDA {torch.version.cuda}")
+    cuda = torch_cuda_version(torch.version.cuda, nvcc_version(nvcc))
     archs = resolve_archs(archs_spec, nvcc)
     ops_name = f"_{cfg.python_name}_cuda_{unique_id(root)}"
     variant = variant_name(torch.__version__, cuda)
@@ -263,6 +313,7 @@ def build(archs_spec: str = "all", jobs: int | None = None, root: Path = ROOT, v
         "CUDA_ARCHITECTURES": cmake_architectures(archs),
         "NVCC_THREADS": str(min(jobs, len(archs))),
         "CUDA_FLAGS": cuda_flags,
+        "CXX_STANDARD": cxx_standard(torch.__version__),
     }))
     write_if_changed(gen / "registration.h", render("registration.h.in", {}))
 
@@ -309,7 +360,9 @@ def build(archs_spec: str = "all", jobs: int | None = None, root: Path = ROOT, v
         "version": cfg.version,
         "license": cfg.license,
         "python-depends": [],
-        "backend": {"type": "cuda", "archs": archs},
+        "backend": {"type": "cuda", "archs": metadata_archs(archs)},
+        "digest": variant_digest(out),
+        "provenance": provenance(root),
     }
     (out / "metadata.json").write_text(json.dumps(metadata, indent=2) + "\n")
     return out

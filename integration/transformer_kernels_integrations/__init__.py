@@ -1,4 +1,79 @@
-"""Glue between the Hub package and the libraries users run (diffusers, transformers).
+"""Glue between the transformer-kernels Hub kernel and the libraries users run (diffusers, transformers).
+
+    from transformer_kernels_integrations import inject, uninject
+    report = inject(model_or_pipe)                  # every op kind on; rope=False, rms_norm=False, ... turn one off
+    print(report)                                   # replaced / skipped (why) / can fall back
+    uninject(model_or_pipe)                         # every patched forward and function restored, merges undone
+    with injected(model_or_pipe, swiglu=False):     # the same, undone on leaving the block
+        ...
+
+``inject`` dispatches by what it is given: a transformers model gets the transformers rules
+(``transformers_models``), anything else (a diffusers model, or each component of a diffusers
+pipeline) the diffusers rules (``diffusers_models``); a pipeline's transformers components (text
+encoders) get the transformers rules. The kernel loads through ``kernels`` (``loading.py``).
 
 Lives outside ``torch-ext/``: it may import anything; the Hub package may not import it.
 """
+
+from __future__ import annotations
+
+import contextlib
+from types import ModuleType
+from typing import Iterator
+
+import torch
+
+from . import diffusers_models, transformers_models
+from .loading import REPO_ID, VERSION, load_kernel, use_local_build
+from .patching import InjectionReport, KernelFallbackError, apply_rules, check_switches, uninject_models
+
+__all__ = ["InjectionReport", "KernelFallbackError", "REPO_ID", "SWITCHES", "VERSION", "inject", "injected",
+           "load_kernel", "uninject", "use_local_build"]
+
+
+def _is_transformers_model(model: torch.nn.Module) -> bool:
+    return type(model).__module__.startswith("transformers.")
+
+
+# Every switch of both tables (the rule tables import neither diffusers nor transformers)
+SWITCHES = tuple(sorted(set(diffusers_models.SWITCHES) | set(transformers_models.SWITCHES)))
+
+
+def inject(model_or_pipe, tk: ModuleType | None = None, *, strict: bool = False, **switches: bool) -> InjectionReport:
+    """Patches a transformers model, a diffusers model, or every component of a diffusers pipeline in
+    place, and returns the report (replaced, skipped with why, run-time fallbacks).
+
+    Switches, one per op kind, all on by default (``SWITCHES``): ``rms_norm``, ``layer_norm``, ``rope``,
+    ``swiglu``, ``gelu``, ``fused_add_rms_norm``, ``qk_norm_rope``, ``norm_modulate``,
+    ``merge_projections`` (q/k/v and gate/up as one GEMM each), ``linear_gelu`` (a tanh-GELU FFN
+    projection with the GELU in the GEMM's epilogue); a switch a model's rules do not use changes
+    nothing. ``strict=True`` makes a run-time fallback (CPU tensors, autocast, other dtypes, merged
+    projections where gradients are wanted) raise ``KernelFallbackError`` instead of logging it once. `tk`: the kernel
+    module (default: ``load_kernel()``, the Hub or the local build LOCAL_KERNELS names)."""
+    on = check_switches(switches, SWITCHES, "inject")
+    if isinstance(model_or_pipe, torch.nn.Module):
+        models = [("", model_or_pipe)]
+    else:
+        models = diffusers_models.components(model_or_pipe)
+    tables = [(name, m, transformers_models.RULES if _is_transformers_model(m) else diffusers_models.RULES)
+              for name, m in models]
+    return apply_rules(tables, tk or load_kernel(), switches=on, strict=strict)
+
+
+def uninject(model_or_pipe) -> int:
+    """Restores everything ``inject`` patched (forwards, processors, the process-wide RoPE function
+    once no injected model needs it; merged projections give each parameter storage of its own
+    again, with its current values); returns how many changes were undone."""
+    return uninject_models([m for _, m in diffusers_models.components(model_or_pipe)])
+
+
+@contextlib.contextmanager
+def injected(model_or_pipe, tk: ModuleType | None = None, *, strict: bool = False,
+             **switches: bool) -> Iterator[InjectionReport]:
+    """``inject`` for the duration of a ``with`` block; ``uninject`` on leaving it, even on an error."""
+    report = inject(model_or_pipe, tk, strict=strict, **switches)
+    try:
+        yield report
+    finally:
+        uninject(model_or_pipe)
+

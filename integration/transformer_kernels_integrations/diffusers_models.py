@@ -3,20 +3,26 @@
 Covered: LTX-Video (blocks, attention, FFN, norms) and Flux (AdaLayerNormZero modulation, attention,
 FFN, norms); any model's RMSNorm, LayerNorm and GELU modules.
 
-What is replaced is a table (``RULES``): each rule names the module class it matches (by class
-name, so both ``diffusers.models.normalization.RMSNorm`` and ``torch.nn.RMSNorm`` are found), and
-how it patches an instance. Rules for a containing module run first and claim the modules they
-fuse (an LTX block claims its norm1/norm2), so nothing is patched twice.
+What is replaced is a table (``RULES``): each rule names the switches it needs, the module class
+it matches (by class name, so both ``diffusers.models.normalization.RMSNorm`` and
+``torch.nn.RMSNorm`` are found), and how it patches an instance. Rules for a containing module run
+first and claim the modules they fuse (an LTX block claims its norm1/norm2), so nothing is patched
+twice. Switches (``inject(pipe, rms_norm=..., layer_norm=..., rope=..., qk_norm_rope=..., gelu=...,
+norm_modulate=..., merge_projections=..., linear_gelu=...)``, all on by default) turn op kinds off;
+``uninject`` undoes everything.
 
 How modules are patched (and how hooks survive) is in ``patching.py``. ``enable_model_cpu_offload``
 hooks whole components, so injecting before or after it works.
 
-Switches of ``inject``: ``merge_projections`` (default on) makes the LTX self-attention's q/k/v, its
-cross-attention's k/v, and Flux's q/k/v and added q/k/v one GEMM each over one concatenated weight
-that the original parameters become views of (``merging.py``; no memory growth); ``linear_gelu``
-(default on) runs a ``GELU(approximate="tanh")`` module's input projection and activation as one
-cuBLASLt GEMM with the GELU epilogue (the FFNs of LTX-Video, Flux and SD3). The epilogue rounds
-once where eager rounds twice, so with it the output is close to, not bit-equal with, eager's.
+``merge_projections`` (``ltx_merged_projections``, ``flux_merged_projections``: rules that add to a
+module, ``also=True``) makes the LTX self-attention's q/k/v, its cross-attention's k/v, and Flux's
+q/k/v and added q/k/v one GEMM each over one concatenated weight that the original parameters
+become views of (``merging.py``; no memory growth), used where no gradient is wanted (else the
+separate projections: a logged fallback); ``uninject`` gives each parameter, the same object,
+storage of its own again with its current values. ``linear_gelu`` (with ``gelu``) runs a
+``GELU(approximate="tanh")`` module's input projection and activation as one cuBLASLt GEMM with the
+GELU epilogue (the FFNs of LTX-Video, Flux and SD3). The epilogue rounds once where eager rounds
+twice, so with it the output is close to, not bit-equal with, eager's.
 """
 
 from __future__ import annotations
@@ -29,7 +35,8 @@ import torch
 
 from . import merging
 from .loading import load_kernel
-from .patching import InjectionReport, Rule, apply_rules, forward_from, layer_forward, named, set_forward
+from .patching import (InjectionReport, Rule, apply_rules, check_switches, forward_from, layer_forward, named,
+                       switches_of, uninject_models)
 
 QKV = ("to_q", "to_k", "to_v")
 KV = ("to_k", "to_v")
@@ -49,17 +56,23 @@ def _gelu_forward(tk: ModuleType) -> Callable:
     return forward
 
 
-def _linear_gelu_forward(tk: ModuleType) -> Callable:
+def _patch_linear_gelu(module: torch.nn.Module, inj) -> None:
     """diffusers' ``GELU(approximate="tanh")`` with its input projection: one cuBLASLt GEMM whose
-    epilogue adds the bias and applies the GELU (``linear_gelu``)."""
+    epilogue adds the bias and applies the GELU (``linear_gelu``); an input the op does not take
+    (another dtype than the weight, autocast) runs the projection, then our gelu kernel (a logged
+    fallback)."""
+    tk = inj.tk
 
     def forward(self, hidden_states):
         proj = self.proj
         if hidden_states.dtype != proj.weight.dtype or torch.is_autocast_enabled(hidden_states.device.type):
+            why = ("autocast is on" if torch.is_autocast_enabled(hidden_states.device.type)
+                   else f"input {hidden_states.dtype}, weight {proj.weight.dtype}")
+            inj.fallback("linear_gelu", why, instead="the projection, then the gelu kernel")
             return tk.gelu(proj(hidden_states), approximate=self.approximate)
         return tk.linear_gelu(hidden_states, proj.weight, proj.bias)
 
-    return forward
+    inj.set_forward(module, forward)
 
 
 def _linear_gelu_skip(m: torch.nn.Module) -> str | None:
@@ -71,9 +84,10 @@ def _linear_gelu_skip(m: torch.nn.Module) -> str | None:
 
 
 def _merged(attn, key: str, x: torch.Tensor):
-    """The merged projection ``key`` of attn where it can run for x (no gradient wanted), or None."""
+    """The merged projection ``key`` of attn where it can run for x (no gradient wanted), or None
+    (a merge that cannot run reports it: ``MergedLinear.use``)."""
     merged = merging.merged_of(attn, key)
-    return merged if merged is not None and merged.usable(x) else None
+    return merged if merged is not None and merged.use(x) else None
 
 
 def _ltx_block_forward(tk: ModuleType) -> Callable:
@@ -228,13 +242,16 @@ def _fused_qk_norm_eps(norm_q: torch.nn.RMSNorm, norm_k: torch.nn.RMSNorm) -> fl
 class LTXAttnProcessor:
     """``LTXVideoAttnProcessor`` with our q/k RMSNorm (``torch.nn.RMSNorm`` across heads) and the
     LTX rotary embedding: in self-attention one launch for both norms and the rotation of q and k,
-    otherwise the norms, then the rotation. Same positional signature as the original."""
+    otherwise the norms, then the rotation. Same positional signature as the original.
+
+    ``fuse=False``: the norms and the rotation as separate kernels; ``qk_norm=False``: the norm
+    modules' own forwards, then our rotation (the ``rms_norm`` or ``qk_norm_rope`` switch off)."""
 
     _attention_backend = None
     _parallel_config = None
 
-    def __init__(self, tk: ModuleType):
-        self.tk = tk
+    def __init__(self, tk: ModuleType, fuse: bool = True, qk_norm: bool = True):
+        self.tk, self.fuse, self.qk_norm = tk, fuse and qk_norm, qk_norm
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None):
         from diffusers.models.attention_dispatch import dispatch_attention_fn
@@ -260,7 +277,7 @@ class LTXAttnProcessor:
         # image_rotary_emb: the rope module's (cos, sin) tables, or its coordinates (LTXRopeCoords)
         # where inject patched the rope module (the kernel then computes cos/sin itself)
         from_coords = isinstance(image_rotary_emb, LTXRopeCoords)
-        if image_rotary_emb is not None and eps is not None and query.shape[1] == key.shape[1]:
+        if self.fuse and image_rotary_emb is not None and eps is not None and query.shape[1] == key.shape[1]:
             # self-attention: both norms and the rotation in one launch
             fused = self.tk.ltx_qk_norm_rope_from_coords if from_coords else self.tk.ltx_qk_norm_rope
             query, key = fused(query, key, attn.norm_q.weight, attn.norm_k.weight, eps, *image_rotary_emb)
@@ -282,7 +299,7 @@ class LTXAttnProcessor:
         return attn.to_out[1](hidden_states)
 
     def _qk_norm(self, norm: torch.nn.RMSNorm, x: torch.Tensor) -> torch.Tensor:
-        return _torch_rms_norm(self.tk, norm, x)
+        return _torch_rms_norm(self.tk, norm, x) if self.qk_norm else norm(x)
 
 
 class LTXRopeCoords(NamedTuple):
@@ -355,86 +372,115 @@ def _ltx_rope_skip(model: torch.nn.Module) -> str | None:
     return f"its attention keeps diffusers' processor ({'; '.join(sorted(reasons))})" if reasons else None
 
 
-def _ltx_rope_coords_patch(model: torch.nn.Module, tk: ModuleType) -> None:
+def _ltx_rope_coords_patch(model: torch.nn.Module, inj) -> None:
     """The rope module returns the coordinates its tables come from (``ltx_rope_coords``), not
     the fp32 tables: the attention kernels compute cos/sin from them, reading 2 x 4 bytes per
     channel less per token for each of q and k, and the tables are never built."""
-    set_forward(model.rope, ltx_rope_coords)
+    inj.set_forward(model.rope, ltx_rope_coords)
 
 
-def _merge_ltx_block(block: torch.nn.Module) -> None:
-    """The block's self-attention (attn1) takes q/k/v as one GEMM, its cross-attention (attn2) k/v
-    (they read the caption; q reads the video tokens)."""
-    for attn, key, names in ((getattr(block, "attn1", None), "qkv", QKV), (getattr(block, "attn2", None), "kv", KV)):
-        if attn is not None and merging.mergeable(attn, names) is None:
-            merging.attach(attn, key, names)
+def _ltx_merged_projections_skip(block: torch.nn.Module) -> str | None:
+    """Why neither attention of an LTX block merges: its self-attention (attn1) merges q/k/v, its
+    cross-attention (attn2) k/v (they read the caption; q reads the video tokens), each where it
+    takes our processor and its projections can merge."""
+    reasons = []
+    for name, names in (("attn1", QKV), ("attn2", KV)):
+        attn = getattr(block, name, None)
+        why = (f"no {name}" if attn is None else _ltx_attention_skip(attn) or merging.mergeable(attn, names))
+        if why is None:
+            return None
+        reasons.append(f"{name}: {why}")
+    return "; ".join(reasons)
 
 
-def _merge_flux_attention(attn: torch.nn.Module) -> None:
-    if merging.mergeable(attn, QKV) is None:
-        merging.attach(attn, "qkv", QKV)
-        if getattr(attn, "added_kv_proj_dim", None) is not None and merging.mergeable(attn, ADDED_QKV) is None:
-            merging.attach(attn, "added_qkv", ADDED_QKV)
+def _merge_ltx_block(block: torch.nn.Module, inj) -> None:
+    for name, key, names in (("attn1", "qkv", QKV), ("attn2", "kv", KV)):
+        attn = getattr(block, name, None)
+        if attn is not None and _ltx_attention_skip(attn) is None and merging.mergeable(attn, names) is None:
+            inj.merge(attn, key, names, "ltx_merged_projections")
 
 
-def _then(patch: Callable, extra: Callable[[torch.nn.Module], None]) -> Callable:
-    def both(module, tk):
-        patch(module, tk)
-        extra(module)
-
-    return both
+def _merge_flux_attention(attn: torch.nn.Module, inj) -> None:
+    inj.merge(attn, "qkv", QKV, "flux_merged_projections")
+    if getattr(attn, "added_kv_proj_dim", None) is not None and merging.mergeable(attn, ADDED_QKV) is None:
+        inj.merge(attn, "added_qkv", ADDED_QKV, "flux_merged_projections")
 
 
-def rules(merge_projections: bool = True, linear_gelu: bool = True) -> tuple[Rule, ...]:
-    """The table; the switches add merged projections to the LTX and Flux attention rules and the
-    GEMM + GELU epilogue rule for tanh-GELU FFN projections."""
-    ltx_block = forward_from(_ltx_block_forward)
-    flux_attention = lambda m, tk: m.set_processor(FluxAttnProcessor(tk))  # noqa: E731
-    if merge_projections:
-        ltx_block = _then(ltx_block, _merge_ltx_block)
-        flux_attention = _then(flux_attention, _merge_flux_attention)
-    gelu_rules = (Rule("linear_gelu", named("GELU"), forward_from(_linear_gelu_forward), skip=_linear_gelu_skip),
-                  ) if linear_gelu else ()
-    return (
-        Rule("ltx_rope_coords", named("LTXVideoTransformer3DModel"), _ltx_rope_coords_patch, skip=_ltx_rope_skip),
-        Rule("ltx_block", named("LTXVideoTransformerBlock"), ltx_block, claims=("norm1", "norm2")),
-        Rule("ltx_attention", named("LTXAttention"), lambda m, tk: m.set_processor(LTXAttnProcessor(tk)),
-             claims=("norm_q", "norm_k"), skip=_ltx_attention_skip),
-        Rule("flux_attention", named("FluxAttention"), flux_attention,
-             claims=("norm_q", "norm_k", "norm_added_q", "norm_added_k"), skip=_flux_attention_skip),
-        Rule("adaln_zero", named("AdaLayerNormZero"), forward_from(_adaln_zero_forward), claims=("norm",),
-             skip=_adaln_skip),
-        Rule("adaln_zero_single", named("AdaLayerNormZeroSingle"), forward_from(_adaln_zero_single_forward),
-             claims=("norm",), skip=_adaln_skip),
-        Rule("sd35_adaln_zero_x", named("SD35AdaLayerNormZeroX"), forward_from(_sd35_adaln_zero_x_forward),
-             claims=("norm",), skip=_adaln_skip),
-        Rule("adaln_continuous", named("AdaLayerNormContinuous"), forward_from(_adaln_continuous_forward),
-             claims=("norm",), skip=_adaln_skip),
-        *gelu_rules,
-        Rule("gelu", named("GELU"), forward_from(_gelu_forward), skip=_gelu_skip),
-        Rule("rms_norm", named("RMSNorm"), layer_forward("RMSNorm")),
-        Rule("layer_norm", named("LayerNorm", "FP32LayerNorm"), layer_forward("LayerNorm"),
-             skip=lambda m: "FP32LayerNorm computes in fp32 on purpose" if type(m).__name__ == "FP32LayerNorm"
-             else _layer_norm_skip(m)),
-    )
+def _processor(make: Callable[[ModuleType], object]) -> Callable[[torch.nn.Module, object], None]:
+    return lambda module, inj: inj.set_processor(module, make(inj.tk))
 
 
-RULES: tuple[Rule, ...] = rules()
+_ADALN = ("layer_norm", "norm_modulate")  # a LayerNorm and its modulation in one kernel
+_MERGED_FALLBACK = "where gradients are wanted, the separate projections"
+
+RULES: tuple[Rule, ...] = (
+    Rule("ltx_rope_coords", ("rope",), named("LTXVideoTransformer3DModel"), _ltx_rope_coords_patch,
+         skip=_ltx_rope_skip),
+    # also=True: merges the projections its attentions' processor (any LTX attention rule below; all
+    # need rope) reads, and leaves the block to ltx_block
+    Rule("ltx_merged_projections", ("merge_projections", "rope"), named("LTXVideoTransformerBlock"),
+         _merge_ltx_block, skip=_ltx_merged_projections_skip, fallback=_MERGED_FALLBACK, also=True),
+    Rule("ltx_block", ("rms_norm", "norm_modulate"), named("LTXVideoTransformerBlock"),
+         forward_from(_ltx_block_forward), claims=("norm1", "norm2")),
+    Rule("ltx_attention", ("rms_norm", "rope", "qk_norm_rope"), named("LTXAttention"),
+         _processor(LTXAttnProcessor), claims=("norm_q", "norm_k"), skip=_ltx_attention_skip),
+    Rule("ltx_attention_unfused", ("rms_norm", "rope"), named("LTXAttention"),
+         _processor(lambda tk: LTXAttnProcessor(tk, fuse=False)), claims=("norm_q", "norm_k"),
+         skip=_ltx_attention_skip),
+    Rule("ltx_attention_rope", ("rope",), named("LTXAttention"),
+         _processor(lambda tk: LTXAttnProcessor(tk, qk_norm=False)), skip=_ltx_attention_skip),
+    # also=True: q/k/v (and the added q/k/v) as one GEMM each, read by the flux_attention processor
+    Rule("flux_merged_projections", ("merge_projections", "rms_norm", "rope"), named("FluxAttention"),
+         _merge_flux_attention, skip=lambda m: _flux_attention_skip(m) or merging.mergeable(m, QKV),
+         fallback=_MERGED_FALLBACK, also=True),
+    Rule("flux_attention", ("rms_norm", "rope"), named("FluxAttention"), _processor(FluxAttnProcessor),
+         claims=("norm_q", "norm_k", "norm_added_q", "norm_added_k"), skip=_flux_attention_skip),
+    Rule("adaln_zero", _ADALN, named("AdaLayerNormZero"), forward_from(_adaln_zero_forward), claims=("norm",),
+         skip=_adaln_skip),
+    Rule("adaln_zero_single", _ADALN, named("AdaLayerNormZeroSingle"), forward_from(_adaln_zero_single_forward),
+         claims=("norm",), skip=_adaln_skip),
+    Rule("sd35_adaln_zero_x", _ADALN, named("SD35AdaLayerNormZeroX"), forward_from(_sd35_adaln_zero_x_forward),
+         claims=("norm",), skip=_adaln_skip),
+    Rule("adaln_continuous", _ADALN, named("AdaLayerNormContinuous"), forward_from(_adaln_continuous_forward),
+         claims=("norm",), skip=_adaln_skip),
+    Rule("linear_gelu", ("gelu", "linear_gelu"), named("GELU"), _patch_linear_gelu, skip=_linear_gelu_skip,
+         fallback="an input of another dtype than the projection's weight, or autocast: the projection, then "
+                  "the gelu kernel"),
+    Rule("gelu", ("gelu",), named("GELU"), forward_from(_gelu_forward), skip=_gelu_skip),
+    Rule("rms_norm", ("rms_norm",), named("RMSNorm"), layer_forward("RMSNorm")),
+    Rule("layer_norm", ("layer_norm",), named("LayerNorm", "FP32LayerNorm"), layer_forward("LayerNorm"),
+         skip=lambda m: "FP32LayerNorm computes in fp32 on purpose" if type(m).__name__ == "FP32LayerNorm"
+         else _layer_norm_skip(m)),
+)
+
+SWITCHES = switches_of(RULES)
 
 
-def _models(pipe_or_model) -> list[tuple[str, torch.nn.Module]]:
+def components(pipe_or_model) -> list[tuple[str, torch.nn.Module]]:
+    """(name, model) of a pipeline's torch components, or ("", model) for one model."""
     if isinstance(pipe_or_model, torch.nn.Module):
         return [("", pipe_or_model)]
-    components = getattr(pipe_or_model, "components", None)
-    if not isinstance(components, dict):
+    found = getattr(pipe_or_model, "components", None)
+    if not isinstance(found, dict):
         raise TypeError(f"inject: expected a diffusers pipeline or a torch.nn.Module, got {type(pipe_or_model).__name__}")
-    return [(name, m) for name, m in components.items() if isinstance(m, torch.nn.Module)]
+    return [(name, m) for name, m in found.items() if isinstance(m, torch.nn.Module)]
 
 
-def inject(pipe_or_model, tk: ModuleType | None = None, *, merge_projections: bool = True,
-           linear_gelu: bool = True) -> InjectionReport:
+def inject(pipe_or_model, tk: ModuleType | None = None, *, strict: bool = False, **switches: bool) -> InjectionReport:
     """Patches every supported module of a pipeline's components (or of one model) in place.
 
-    Returns what was replaced, by kind, and the matching modules left alone with the reason.
-    ``merge_projections`` and ``linear_gelu``: see the module docstring."""
-    return apply_rules(_models(pipe_or_model), rules(merge_projections, linear_gelu), tk or load_kernel())
+    Returns what was replaced, by kind, the matching modules skipped with the reason, and which
+    patched paths can fall back at run time. Switches (keywords, all on by default; ``False`` leaves
+    that op kind to diffusers): {switches}. ``strict=True``: a run-time fallback raises. Undo with
+    ``uninject``."""
+    on = check_switches(switches, SWITCHES, "inject")
+    return apply_rules([(name, m, RULES) for name, m in components(pipe_or_model)], tk or load_kernel(),
+                       switches=on, strict=strict)
+
+
+inject.__doc__ = inject.__doc__.format(switches=", ".join(f"``{s}``" for s in SWITCHES))
+
+
+def uninject(pipe_or_model) -> int:
+    """Restores every forward and processor ``inject`` patched; returns how many changes were undone."""
+    return uninject_models([m for _, m in components(pipe_or_model)])

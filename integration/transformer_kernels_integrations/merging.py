@@ -17,13 +17,21 @@ comparison per weight) and merges again if not. A compiled graph trusts the merg
 
 The merged weight is used only where no gradient is needed (``torch.is_grad_enabled()`` off, or
 no weight requiring one): the children's parameters are the leaves autograd knows, so training
-takes the separate projections (``usable`` says which).
+takes the separate projections (``usable`` says which, ``unusable`` why; ``on_fallback``, set by
+the integration, hears the reason where the caller asks through ``use``).
+
+``detach`` undoes ``attach`` (``uninject``): each child's parameter, the same object, gets storage of
+its own again holding its current values (a copy of its rows of the merged weight; the merged weight
+is released once nothing else holds it), and the module loses the merge and the ``_apply`` wrapper.
+What is not given back: the parameters' original storages (freed at the merge, so their
+``data_ptr()`` differ from before ``inject``); values written through the merge in between (an
+optimizer step, ``load_state_dict``) stay, as they would have on the unmerged parameters.
 """
 
 from __future__ import annotations
 
 import types
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -53,12 +61,15 @@ def mergeable(module: torch.nn.Module, names: Sequence[str]) -> str | None:
 class MergedLinear:
     """One GEMM for the ``names`` children of ``module`` (plain ``nn.Linear`` with one input width)."""
 
-    def __init__(self, module: torch.nn.Module, names: Sequence[str]):
+    def __init__(self, module: torch.nn.Module, names: Sequence[str], key: str | None = None):
         self.module = module
         self.names = tuple(names)
+        self.key = key  # the name attach() keeps it under
         self.sizes = [getattr(module, n).out_features for n in self.names]
         self.weight: torch.Tensor
         self.bias: torch.Tensor | None
+        # told why where use() finds the merge unusable (the integration logs, counts or raises it)
+        self.on_fallback: Callable[[str], None] | None = None
         self.merge()
 
     def _linears(self) -> list[torch.nn.Linear]:
@@ -93,6 +104,23 @@ class MergedLinear:
             return False
         return x.device == self.weight.device
 
+    def unusable(self, x: torch.Tensor) -> str | None:
+        """Why ``usable(x)`` is False, or None."""
+        if torch.is_grad_enabled() and self.weight_requires_grad():
+            return ("gradients are wanted (the projections' own parameters are the autograd leaves; "
+                    "inject(..., merge_projections=False) for training)")
+        if x.device != self.weight.device:
+            return f"the input is on {x.device}, the merged weight on {self.weight.device}"
+        return None
+
+    def use(self, x: torch.Tensor) -> bool:
+        """``usable(x)``; where False, ``on_fallback`` (if set) is told why."""
+        if self.usable(x):
+            return True
+        if self.on_fallback is not None:
+            self.on_fallback(self.unusable(x))
+        return False
+
     def weight_requires_grad(self) -> bool:
         return any(p.requires_grad for lin in self._linears() for p in (lin.weight, lin.bias) if p is not None)
 
@@ -125,7 +153,28 @@ def attach(module: torch.nn.Module, key: str, names: Sequence[str]) -> MergedLin
     ``state_dict``), under ``key``; the same call again returns the existing merge."""
     table = module.__dict__.setdefault("_tk_merged", {})
     if key not in table:
-        table[key] = MergedLinear(module, names)
+        table[key] = MergedLinear(module, names, key)
     if "_apply" not in module.__dict__:
         module._apply = types.MethodType(_apply_then_merge, module)
     return table[key]
+
+
+def detach(module: torch.nn.Module, key: str) -> None:
+    """Undoes ``attach(module, key, ...)``: the children's parameters (the same objects) get storage
+    of their own again with their current values, and with the module's last merge its
+    ``_tk_merged`` table and ``_apply`` wrapper go (see the module docstring for what is restored)."""
+    table = module.__dict__.get("_tk_merged", {})
+    merged = table.pop(key, None)
+    if merged is not None:
+        shared = {t.untyped_storage().data_ptr() for t in (merged.weight, merged.bias) if t is not None}
+        with torch.no_grad():
+            for lin in merged._linears():
+                for p in (lin.weight, lin.bias):
+                    # only what is still a view of the merge (a parameter replaced since is the user's)
+                    if p is not None and p.untyped_storage().data_ptr() in shared:
+                        p.data = p.data.clone(memory_format=torch.contiguous_format)
+    if not table:
+        module.__dict__.pop("_tk_merged", None)
+        apply = module.__dict__.get("_apply")
+        if getattr(apply, "__func__", None) is _apply_then_merge:
+            del module.__dict__["_apply"]

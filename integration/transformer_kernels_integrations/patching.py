@@ -1,42 +1,97 @@
-"""What both integrations share: a table of rules, the forward swap, and the report.
+"""What both integrations share: a table of rules, the switches, the forward swap, its undo, and the report.
 
 A rule matches modules by class name (so ``diffusers.models.normalization.RMSNorm`` and
 ``torch.nn.RMSNorm`` are both found, and one table serves Llama, Mistral and Qwen). The first
-matching rule that does not skip a module patches it (a specific rule can sit before a general one
-that takes what it leaves). Rules for a containing module claim the children they fuse (an LTX
-block claims its norm1/norm2), so nothing is patched twice. Patching replaces the instance's
-``forward``, or, under an accelerate hook, the ``_old_forward`` the hook calls, so the hook
-survives. Weights are read at call time, never cached.
+matching rule whose switches are on and that does not skip a module patches it (a specific rule can
+sit before a general one that takes what it leaves). Rules for a containing module claim the
+children they fuse (an LTX block claims its norm1/norm2), so nothing is patched twice. A rule with
+``also=True`` adds to a module without taking it (merging an attention's projections, which its
+processor rule then reads): the rules after it still match that module.
+
+Switches: every rule names the ``inject`` keywords it needs (``switches``: one per op kind it runs,
+all must be on). ``inject(model, rope=False)`` turns off every rule that needs ``rope``; a fused rule
+that is off leaves its children to the rules after it. A new rule is one table entry; its switch
+names become ``inject`` keywords by being in the table (``switches_of``).
+
+Patching replaces the instance's ``forward`` (or, under an accelerate hook, the ``_old_forward`` the
+hook calls, so the hook survives), sets an attention processor, swaps a modeling module's
+function, or merges projections (``merge``: one weight the original parameters become views of,
+``merging.py``); each change is recorded on the model and ``uninject`` undoes them in reverse order
+(a merge gives each parameter, the same object, storage of its own again with its current values).
+Weights are read at call time, never cached.
+
+Fallbacks: a patched forward that meets an input its kernel does not take (CPU tensors, autocast,
+mixed dtypes) runs the library's own code, and a merged projection that cannot run (gradients
+wanted) the separate projections; it says so once through ``logging`` (logger
+``transformer_kernels_integrations``) and counts it in the report, or raises
+``KernelFallbackError`` under ``inject(..., strict=True)``.
 """
 
 from __future__ import annotations
 
+import logging
 import types
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
+
+from . import merging
+
+logger = logging.getLogger("transformer_kernels_integrations")
+
+# The attribute on an injected model that holds its undo log (removed again by uninject).
+UNDO_ATTR = "_transformer_kernels_undo"
+
+
+class KernelFallbackError(RuntimeError):
+    """A patched forward met an input its kernel does not take, under ``inject(..., strict=True)``."""
 
 
 @dataclass
 class InjectionReport:
-    replaced: dict[str, int] = field(default_factory=dict)  # kind -> count
-    left: dict[str, str] = field(default_factory=dict)      # module path -> why it was left alone
+    """What ``inject`` did. ``replaced``: kind -> modules patched; ``skipped``: module path -> why no
+    rule patched it (a rule's reason, or the switch that is off); ``fallbacks``: kind -> when its
+    patched path runs the library's own code instead of the kernel; ``fallbacks_taken``: kind ->
+    how often that happened since (updated while the model runs; not counted under torch.compile)."""
+
+    replaced: dict[str, int] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+    fallbacks: dict[str, str] = field(default_factory=dict)
+    fallbacks_taken: dict[str, int] = field(default_factory=dict)
+    switches: dict[str, bool] = field(default_factory=dict)
+
+    @property
+    def left(self) -> dict[str, str]:  # the name before the switches came
+        return self.skipped
 
     def __str__(self) -> str:
         lines = ["replaced: " + (", ".join(f"{n} {k}" for k, n in sorted(self.replaced.items())) or "nothing")]
-        lines += [f"left {path}: {why}" for path, why in sorted(self.left.items())]
+        off = sorted(k for k, on in self.switches.items() if not on)
+        if off:
+            lines.append("switched off: " + ", ".join(off))
+        by_reason: dict[str, list[str]] = {}
+        for path, why in sorted(self.skipped.items()):
+            by_reason.setdefault(why, []).append(path)
+        for why, paths in sorted(by_reason.items()):
+            shown = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+            lines.append(f"skipped {len(paths)} ({why}): {shown}")
+        lines += [f"can fall back: {kind}: {when}" for kind, when in sorted(self.fallbacks.items())]
+        lines += [f"fell back {n}x: {kind}" for kind, n in sorted(self.fallbacks_taken.items())]
         return "\n".join(lines)
 
 
 @dataclass(frozen=True)
 class Rule:
     kind: str                                            # what the report calls it
+    switches: tuple[str, ...]                            # inject keywords that must all be on
     matches: Callable[[str], bool]                       # on type(module).__name__
-    patch: Callable[[torch.nn.Module, ModuleType], None]
+    patch: Callable[[torch.nn.Module, "Injection"], None]
     claims: tuple[str, ...] = ()                         # children this rule fuses (not patched again)
     skip: Callable[[torch.nn.Module], str | None] = lambda m: None  # why to leave a match alone, or None
+    fallback: str | None = None                          # when the patched path runs the library's code
+    also: bool = False                                   # adds to the module; the rules after it still match
 
 
 def named(*class_names: str) -> Callable[[str], bool]:
@@ -47,31 +102,142 @@ def suffixed(suffix: str) -> Callable[[str], bool]:
     return lambda name: name.endswith(suffix)
 
 
-def set_forward(module: torch.nn.Module, forward: Callable) -> None:
-    """Binds `forward` (a function taking the module as `self`) as the module's forward."""
-    bound = types.MethodType(forward, module)
-    if hasattr(module, "_old_forward"):  # an accelerate hook wraps forward: replace what it calls
-        module._old_forward = bound
-    else:
-        module.forward = bound
-
-
-def forward_from(make: Callable[[ModuleType], Callable]) -> Callable[[torch.nn.Module, ModuleType], None]:
+def forward_from(make: Callable[[ModuleType], Callable]) -> Callable[[torch.nn.Module, "Injection"], None]:
     """A patch that binds the forward `make(tk)` builds."""
-    return lambda module, tk: set_forward(module, make(tk))
+    return lambda module, inj: inj.set_forward(module, make(inj.tk))
 
 
-def layer_forward(layer: str) -> Callable[[torch.nn.Module, ModuleType], None]:
+def layer_forward(layer: str) -> Callable[[torch.nn.Module, "Injection"], None]:
     """A patch that binds the forward of the Hub layer `tk.layers.<layer>`: the same code kernelize
     installs, which reads the host module's weight and eps and picks the rounding to match."""
-    return lambda module, tk: set_forward(module, getattr(tk.layers, layer).forward)
+    return lambda module, inj: inj.set_forward(module, getattr(inj.tk.layers, layer).forward)
 
 
-def apply_rules(models: Iterable[tuple[str, torch.nn.Module]], rules: Iterable[Rule], tk: ModuleType
-                ) -> InjectionReport:
-    rules = tuple(rules)
-    report = InjectionReport()
-    for prefix, model in models:
+def switches_of(rules: Iterable[Rule]) -> tuple[str, ...]:
+    """Every switch the rules name, sorted: the keywords ``inject`` takes for that table."""
+    return tuple(sorted({s for rule in rules for s in rule.switches}))
+
+
+# ---- process-wide swaps (a modeling module's function), shared by the models that need them ----
+
+# (module name, attribute) -> [original, replacement, number of injected models using it]
+_GLOBAL_SWAPS: dict[tuple[str, str], list] = {}
+
+
+def _release_global(key: tuple[str, str], entry: list, module: ModuleType) -> None:
+    if _GLOBAL_SWAPS.get(key) is not entry:  # superseded (see swap_global): nothing of ours to undo
+        return
+    entry[2] -= 1
+    if entry[2] == 0:  # the last injected model that needed it is gone: transformers' own again
+        setattr(module, key[1], entry[0])
+        del _GLOBAL_SWAPS[key]
+
+
+class Injection:
+    """One ``inject`` call: the kernel module, strictness, the report, and the undo log of the model
+    being patched. Patch functions call ``set_forward``/``set_processor``/``swap_global`` on it."""
+
+    def __init__(self, tk: ModuleType, strict: bool, report: InjectionReport):
+        self.tk, self.strict, self.report = tk, strict, report
+        self._logged: set[tuple[str, str]] = set()
+        self.undo: list[Callable[[], None]] = []
+
+    # -- patching, each recorded for uninject --
+
+    def set_forward(self, module: torch.nn.Module, forward: Callable) -> None:
+        """Binds `forward` (a function taking the module as `self`) as the module's forward."""
+        bound = types.MethodType(forward, module)
+        # an accelerate hook wraps forward: replace what it calls
+        attr = "_old_forward" if hasattr(module, "_old_forward") else "forward"
+        self._set_attr(module, attr, bound)
+
+    def set_processor(self, module: torch.nn.Module, processor: Any) -> None:
+        """Gives a diffusers attention module our processor (keeping the attention backend and
+        parallel config set on the one it replaces)."""
+        old = module.processor
+        for attr in ("_attention_backend", "_parallel_config"):
+            if getattr(old, attr, None) is not None:
+                setattr(processor, attr, getattr(old, attr))
+        module.set_processor(processor)
+        self.undo.append(lambda: module.set_processor(old))
+
+    def merge(self, module: torch.nn.Module, key: str, names: tuple[str, ...], kind: str) -> merging.MergedLinear:
+        """Merges the ``names`` projections of `module` into one weight (``merging.attach``); where
+        the merge cannot run (``MergedLinear.use``), it is a fallback of `kind`. Undone by
+        ``merging.detach``."""
+        merged = merging.attach(module, key, names)
+        merged.on_fallback = lambda why: self.fallback(kind, why, instead="the separate projections")
+        self.undo.append(lambda: merging.detach(module, key))
+        return merged
+
+    def swap_global(self, module: ModuleType, name: str, make: Callable[[Callable], Callable]) -> None:
+        """Replaces ``module.<name>`` by ``make(original)`` for every caller in the process. Models
+        injected later share the first one's replacement; the original returns when the last of
+        them is uninjected."""
+        key = (module.__name__, name)
+        if key in _GLOBAL_SWAPS and getattr(module, name) is not _GLOBAL_SWAPS[key][1]:
+            del _GLOBAL_SWAPS[key]  # replaced behind our back (another patcher, a test): start over
+        if key not in _GLOBAL_SWAPS:
+            original = getattr(module, name)
+            _GLOBAL_SWAPS[key] = [original, make(original), 0]
+            setattr(module, name, _GLOBAL_SWAPS[key][1])
+        entry = _GLOBAL_SWAPS[key]
+        entry[2] += 1
+        self.undo.append(lambda: _release_global(key, entry, module))
+
+    def _set_attr(self, obj: Any, attr: str, value: Any) -> None:
+        had, old = attr in vars(obj), vars(obj).get(attr)
+        setattr(obj, attr, value)
+
+        def undo() -> None:
+            if attr == "forward" and vars(obj).get(attr) is not value and vars(obj).get("_old_forward") is value:
+                # an accelerate hook wrapped our forward after inject: give the hook the original
+                obj._old_forward = old if had else types.MethodType(type(obj).forward, obj)
+            elif had:
+                setattr(obj, attr, old)
+            else:
+                delattr(obj, attr)
+
+        self.undo.append(undo)
+
+    # -- run time --
+
+    def fallback(self, kind: str, why: str, instead: str = "the library's own code") -> None:
+        """A patched forward of `kind` is about to run `instead` of its kernel path, because `why`."""
+        message = f"transformer-kernels: {kind} runs {instead}: {why}"
+        if self.strict:
+            raise KernelFallbackError(message + " (inject(..., strict=True))")
+        if torch.compiler.is_compiling():  # nothing host-side in a traced graph
+            return
+        self.report.fallbacks_taken[kind] = self.report.fallbacks_taken.get(kind, 0) + 1
+        if (kind, why) not in self._logged:
+            self._logged.add((kind, why))
+            logger.warning(message)
+
+
+def check_switches(switches: dict[str, bool], known: Iterable[str], where: str) -> dict[str, bool]:
+    """Every switch of `known`, on unless given; an unknown keyword is a TypeError naming the known ones."""
+    known = tuple(sorted(known))
+    unknown = sorted(set(switches) - set(known))
+    if unknown:
+        raise TypeError(f"{where}: unknown switch(es) {unknown}; the switches are {list(known)}")
+    bad = {k: v for k, v in switches.items() if not isinstance(v, bool)}
+    if bad:
+        raise TypeError(f"{where}: switches take True or False, got {bad}")
+    return {name: switches.get(name, True) for name in known}
+
+
+def apply_rules(models: Iterable[tuple[str, torch.nn.Module, tuple[Rule, ...]]], tk: ModuleType, *,
+                switches: dict[str, bool], strict: bool = False) -> InjectionReport:
+    """Patches each (path prefix, model, rules) in place; returns the report. A model injected
+    already must be uninjected first (its undo log would otherwise mix two injections)."""
+    models = list(models)
+    for prefix, model, _ in models:
+        if hasattr(model, UNDO_ATTR):
+            raise ValueError(f"inject: {prefix or type(model).__name__} is injected already; call uninject() first")
+    report = InjectionReport(switches=dict(switches))
+    for prefix, model, rules in models:
+        injection = Injection(tk, strict, report)
         claimed: set[int] = set()
         for path, module in model.named_modules(prefix=prefix):
             name = type(module).__name__
@@ -79,15 +245,37 @@ def apply_rules(models: Iterable[tuple[str, torch.nn.Module]], rules: Iterable[R
                 continue
             reasons = []
             for rule in (r for r in rules if r.matches(name)):
+                off = [s for s in rule.switches if not switches[s]]
+                if off:
+                    reasons.append(f"{rule.kind}: {', '.join(f'{s}=False' for s in off)}")
+                    continue
                 reason = rule.skip(module)
                 if reason is not None:
                     reasons.append(reason)
                     continue
-                rule.patch(module, tk)
+                rule.patch(module, injection)
                 report.replaced[rule.kind] = report.replaced.get(rule.kind, 0) + 1
+                if rule.fallback:
+                    report.fallbacks[rule.kind] = rule.fallback
                 claimed.update(id(getattr(module, child)) for child in rule.claims if hasattr(module, child))
-                break
+                if not rule.also:
+                    break
             else:
                 if reasons:
-                    report.left[path or name] = "; ".join(reasons)
+                    report.skipped[path or name] = "; ".join(reasons)
+        # set even when nothing was patched, so that uninject() of an injected model always works
+        object.__setattr__(model, UNDO_ATTR, injection.undo)
     return report
+
+
+def uninject_models(models: Iterable[torch.nn.Module]) -> int:
+    """Undoes every change inject made to each model (reverse order); returns how many changes."""
+    undone = 0
+    for model in models:
+        undo = vars(model).pop(UNDO_ATTR, None)
+        if undo is None:
+            continue
+        for step in reversed(undo):
+            step()
+        undone += len(undo)
+    return undone

@@ -1,36 +1,45 @@
 """Swap transformer-kernels into transformers' Llama-family models: ``report = inject(model)``.
 
 Table-driven like the diffusers integration (``RULES``, matched by class-name suffix so Llama,
-Mistral, Qwen2 and Qwen3 share one table):
+Mistral, Qwen2 and Qwen3 share one table). Each rule names the switches it needs
+(``inject(model, rms_norm=..., rope=..., swiglu=..., fused_add_rms_norm=..., qk_norm_rope=...)``,
+all on by default):
 
-- ``*DecoderLayer``: the attention residual add and ``post_attention_layernorm`` fused
-  (``fused_add_rms_norm``); claims that norm.
-- ``*MLP`` with ``gate_proj``/``up_proj``/``down_proj`` and a SiLU ``act_fn``: gate and up as one GEMM
-  over one concatenated weight (``merged_gate_up_mlp``, see ``merging.py``) and ``silu_and_mul`` on
-  its output; or, unmerged (``merge_projections=False``, training, non-Linear projections),
-  ``act_mul`` between the two projections.
-- ``*RMSNorm`` with ``variance_epsilon``: the Hub ``RMSNorm`` layer's forward (transformers'
-  rounding) for the remaining input norms and the final norm.
-- ``Qwen3Attention``/``Qwen3MoeAttention`` with per-head ``q_norm``/``k_norm``: the attention forward
-  runs the two norms and the rotation as one kernel (``hf_qk_norm_rope``, transformers' rounding),
-  on q/k/v from one GEMM (``merged_qkv_qk_norm_rope``; ``qk_norm_rope`` unmerged), and goes on as
-  transformers' does (cache update, the ``ALL_ATTENTION_FUNCTIONS`` interface, o_proj);
-  claims q_norm and k_norm. Tensors the kernel does not take (CPU, mixed dtypes, autocast) run
-  transformers' own forward. A module this rule skips falls to the next.
-- ``*Attention`` (Llama, Mistral, Qwen2): q, k and v as one GEMM (``merged_qkv_rope``), its output
-  split into strided views that our RoPE reads without copies, then transformers' cache update,
-  attention interface and o_proj. Either way (merged or not, ``rope``):
-  the modeling module's ``apply_rotary_pos_emb`` becomes ours (q and k in one launch).
-  The attention forward looks that function up by global name, so the swap applies to every model
-  of that modeling module in the process (as Liger's patching does); CPU tensors still take
-  transformers' function.
+- ``*DecoderLayer`` (``rms_norm`` + ``fused_add_rms_norm``): the attention residual add and
+  ``post_attention_layernorm`` fused (``fused_add_rms_norm``); claims that norm.
+- ``*MLP`` with ``gate_proj``/``up_proj``/``down_proj`` and a SiLU ``act_fn``: with ``swiglu`` +
+  ``merge_projections``, gate and up as one GEMM over one concatenated weight
+  (``merged_gate_up_mlp``, see ``merging.py``) and ``silu_and_mul`` on its output; with ``swiglu``
+  alone (or projections that cannot merge: not plain ``nn.Linear``, one with a bias) ``act_mul``
+  between the two projections (``mlp``, one kernel for ``act_fn(gate) * up``).
+- ``*RMSNorm`` with ``variance_epsilon`` (``rms_norm``): the Hub ``RMSNorm`` layer's forward
+  (transformers' rounding) for the remaining input norms and the final norm.
+- ``Qwen3Attention``/``Qwen3MoeAttention`` with per-head ``q_norm``/``k_norm`` (``rms_norm`` + ``rope``
+  + ``qk_norm_rope``): the attention forward runs the two norms and the rotation as one kernel
+  (``hf_qk_norm_rope``, transformers' rounding), on q/k/v from one GEMM where ``merge_projections``
+  is on too (``merged_qkv_qk_norm_rope``; ``qk_norm_rope`` unmerged), and goes on as transformers'
+  does (cache update, the ``ALL_ATTENTION_FUNCTIONS`` interface, o_proj); claims q_norm and k_norm.
+  Tensors the kernel does not take (CPU, mixed dtypes, autocast) run transformers' own forward (a
+  logged fallback). A module this rule skips falls to the next.
+- ``*Attention`` (Llama, Mistral, Qwen2; ``rope`` + ``merge_projections``): q, k and v as one GEMM
+  (``merged_qkv_rope``), its output split into strided views that our RoPE reads without copies,
+  then transformers' cache update, attention interface and o_proj. Either way (merged, or ``rope``
+  alone):
+  the modeling module's ``apply_rotary_pos_emb`` becomes ours (q and k in one launch). The
+  attention forward looks that function up by global name, so the swap applies to every model of
+  that modeling module in the process (as Liger's patching does) until the last injected model is
+  uninjected; CPU tensors still take transformers' function (a logged fallback, kind ``rope``).
 
 Merged projections (``merge_projections=True``, the default) keep one weight per merge: the
 original parameters become views of it (no memory growth; ``state_dict`` keys unchanged); they are
-used where no gradient is needed (inference, ``generate``), the separate projections elsewhere.
+used where no gradient is needed (inference, ``generate``), the separate projections elsewhere (a
+logged fallback: ``strict=True`` raises there, so train with ``merge_projections=False`` under
+``strict``). ``uninject`` gives each parameter, the same object, storage of its own again with its
+current values (``merging.detach``).
 
-The Hub path is separate: ``kernelize`` with ``kernel_mapping()`` swaps in our ``RMSNorm``, ``Silu``
-and ``RotaryPosEmb`` layers.
+The Hub paths are separate: ``kernelize`` with ``kernel_mapping()``, or transformers'
+``from_pretrained(..., use_kernels=True, kernel_config=kernel_config())``, swap in our ``RMSNorm``,
+``Silu`` and ``RotaryPosEmb`` layers.
 """
 
 from __future__ import annotations
@@ -43,8 +52,9 @@ from typing import Callable
 import torch
 
 from . import merging
-from .loading import REPO_ID, load_kernel
-from .patching import InjectionReport, Rule, apply_rules, forward_from, layer_forward, named, set_forward, suffixed
+from .loading import REPO_ID, REVISION, load_kernel
+from .patching import (InjectionReport, Rule, apply_rules, check_switches, forward_from, layer_forward, named,
+                       suffixed, switches_of, uninject_models)
 
 QKV = ("q_proj", "k_proj", "v_proj")
 GATE_UP = ("gate_proj", "up_proj")
@@ -58,17 +68,39 @@ KERNEL_DEVICES = ("cuda",)
 QWEN3_ATTENTIONS = ("Qwen3Attention", "Qwen3MoeAttention")
 
 # transformers' hub layer names -> our layers, for kernels.use_kernel_mapping + kernelize (the Hub
-# path). revision="v1" names the branch version=1 resolves to, which also works offline with
-# LOCAL_KERNELS (kernels 0.17 resolves version= on the Hub even then).
+# path). revision="v1" names the branch version=1 resolves to: LayerRepository resolves version= on
+# the Hub even when LOCAL_KERNELS names a local build (plain get_kernel does not), so the branch
+# works offline too. trust_remote_code=True: transformer-kernels is not a trusted Kernel Hub
+# publisher, and kernels refuses such a repository otherwise (see loading.py).
 HUB_LAYERS = {"RMSNorm": "RMSNorm", "rotary_pos_emb": "RotaryPosEmb", "SiLU": "Silu", "GeluTanh": "GeluTanh"}
+
+# The hub layers a Llama-family model (Llama, Mistral, Qwen2, Qwen3) registers, for kernel_config().
+LLAMA_HUB_LAYERS = ("SiLU", "rotary_pos_emb", "RMSNorm")
 
 
 def kernel_mapping(device: str = "cuda") -> dict:
     """The mapping for ``kernels.use_kernel_mapping``: every transformers hub layer we implement."""
     from kernels import LayerRepository
 
-    return {name: {device: LayerRepository(REPO_ID, layer_name=layer, revision="v1")}
+    return {name: {device: LayerRepository(REPO_ID, layer_name=layer, revision=REVISION, trust_remote_code=True)}
             for name, layer in HUB_LAYERS.items()}
+
+
+def kernel_config(layers: tuple[str, ...] = LLAMA_HUB_LAYERS, device: str = "cuda"):
+    """transformers' ``KernelConfig`` mapping the model's hub layers to ours, for
+    ``from_pretrained(..., use_kernels=True, kernel_config=kernel_config())``.
+
+    `layers` must be hub layer names the model registers (transformers rejects the others); the
+    default is the Llama family's. ``RMSNorm`` goes last: transformers 5.2x re-adds the last entry
+    under the name of our layer class, which only matches for ``RMSNorm``."""
+    from transformers import KernelConfig
+
+    unknown = [name for name in layers if name not in HUB_LAYERS]
+    if unknown:
+        raise ValueError(f"kernel_config: no layer of ours for {unknown}; we have {sorted(HUB_LAYERS)}")
+    ordered = sorted(layers, key=lambda name: name == "RMSNorm")
+    return KernelConfig({name: {device: (f"{REPO_ID}:{HUB_LAYERS[name]}", {"revision": REVISION, "trust_remote_code": True})}
+                         for name in ordered})
 
 
 def _decoder_layer_forward(tk: ModuleType) -> Callable:
@@ -93,17 +125,21 @@ def _mlp_forward(tk: ModuleType) -> Callable:
     return forward
 
 
-def _patch_merged_mlp(module: torch.nn.Module, tk: ModuleType) -> None:
+def _patch_merged_mlp(module: torch.nn.Module, inj) -> None:
     """gate_proj and up_proj as one GEMM ([..., 2I], gate first) and silu_and_mul on it: the
     rounding of act_fn(gate) * up on the separate projections, one launch fewer."""
-    merged = merging.attach(module, "gate_up", GATE_UP)
+    tk, kind = inj.tk, "merged_gate_up_mlp"
+    merged = inj.merge(module, "gate_up", GATE_UP, kind)
 
     def forward(self, x):
-        if merged.usable(x) and _on_kernel_device(x):
-            return self.down_proj(tk.silu_and_mul(merged(x)))
+        if _on_kernel_device(x):
+            if merged.use(x):  # else it reported why (gradients wanted)
+                return self.down_proj(tk.silu_and_mul(merged(x)))
+        else:
+            inj.fallback(kind, f"tensors on {x.device.type}", instead="the separate projections")
         return self.down_proj(tk.act_mul(self.gate_proj(x), self.up_proj(x), "silu"))
 
-    set_forward(module, forward)
+    inj.set_forward(module, forward)
 
 
 def _decoder_skip(m) -> str | None:
@@ -144,16 +180,40 @@ def _attention_interface(modeling: ModuleType, implementation: str) -> Callable:
     return modeling.eager_attention_forward if implementation == "eager" else functions[implementation]
 
 
-def _patch_attention(module: torch.nn.Module, tk: ModuleType, qk_norm: bool, merge: bool) -> None:
+def _kernel_unsupported(hidden_states: torch.Tensor) -> str | None:
+    """Why the kernels cannot take these tensors (transformers' forward then runs), or None."""
+    if not _on_kernel_device(hidden_states):
+        return f"tensors on {hidden_states.device.type}"
+    if torch.is_autocast_enabled(hidden_states.device.type):
+        return "autocast is on"
+    return None
+
+
+def _qk_norm_unsupported(hidden_states, q_norm, k_norm, cos) -> str | None:
+    """Why the fused q/k norm + RoPE kernel cannot take these tensors, or None."""
+    why = _kernel_unsupported(hidden_states)
+    if why is not None:
+        return why
+    # an fp32 norm weight makes eager's q fp32; the kernel keeps q's dtype
+    dtype = hidden_states.dtype
+    for what, t in (("q_norm weight", q_norm.weight), ("k_norm weight", k_norm.weight), ("cos", cos)):
+        if t.dtype != dtype:
+            return f"{what} is {t.dtype}, hidden_states {dtype}"
+    return None
+
+
+def _patch_attention(module: torch.nn.Module, inj, kind: str, qk_norm: bool, merge: bool) -> None:
     """The attention forward from the projections to o_proj, as transformers' own (cache update,
     the ``ALL_ATTENTION_FUNCTIONS`` interface, o_proj), with q/k/v as one GEMM where ``merge`` (the
     outputs strided views of it) and, for Qwen3 (``qk_norm``), q_norm/k_norm and the rotation as
     one kernel (``hf_qk_norm_rope``). Tensors the kernels do not take (CPU, mixed dtypes, autocast)
-    and calls that need gradients of merged weights run transformers' own forward."""
+    run transformers' own forward, and calls that need gradients of merged weights the separate
+    projections: fallbacks of `kind` (logged once, or raised under strict)."""
+    tk = inj.tk
     modeling = sys.modules[type(module).__module__]
     original = type(module).forward
     cache_arg = _cache_arg(original)
-    merged = merging.attach(module, "qkv", QKV) if merge else None
+    merged = inj.merge(module, "qkv", QKV, kind) if merge else None
 
     # Arguments after position_embeddings pass through by keyword, as the decoder layer gives them.
     def forward(self, hidden_states, position_embeddings, attention_mask=None, **kwargs):
@@ -162,11 +222,18 @@ def _patch_attention(module: torch.nn.Module, tk: ModuleType, qk_norm: bool, mer
         kernel_ok = _on_kernel_device(hidden_states) and not torch.is_autocast_enabled(hidden_states.device.type)
         fused_norm = qk_norm and kernel_ok and (self.q_norm.weight.dtype == dtype and self.k_norm.weight.dtype == dtype
                                                 and cos.dtype == dtype)
-        use_merged = merged is not None and kernel_ok and merged.usable(hidden_states)
+        use_merged = merged is not None and kernel_ok and merged.use(hidden_states)  # use(): reports why not
         if not (fused_norm or use_merged):
             # transformers' own forward for other devices, autocast and mixed dtypes (an fp32 norm
             # weight makes eager's q fp32; the kernel keeps q's dtype)
+            why = (_qk_norm_unsupported(hidden_states, self.q_norm, self.k_norm, cos) if qk_norm
+                   else _kernel_unsupported(hidden_states))
+            if why is not None:  # else gradients are wanted (merged, Llama-like): use() said so
+                inj.fallback(kind, why)
             return original(self, hidden_states, position_embeddings, attention_mask, **kwargs)
+        if qk_norm and not fused_norm:  # merged projections, then transformers' q/k norms and rotation
+            inj.fallback(kind, _qk_norm_unsupported(hidden_states, self.q_norm, self.k_norm, cos),
+                         instead="transformers' q/k norms and rotation")
         input_shape = hidden_states.shape[:-1]
         hidden_shape = (*input_shape, -1, self.head_dim)
         if use_merged:
@@ -206,12 +273,12 @@ def _patch_attention(module: torch.nn.Module, tk: ModuleType, qk_norm: bool, mer
         attn_output = attn_output.reshape(*input_shape, -1).contiguous()
         return self.o_proj(attn_output), attn_weights
 
-    set_forward(module, forward)
+    inj.set_forward(module, forward)
 
 
-def _patch_merged_attention(module: torch.nn.Module, tk: ModuleType) -> None:
-    _patch_rotary(module, tk)  # the unmerged fallback (training) keeps our rotation
-    _patch_attention(module, tk, qk_norm=False, merge=True)
+def _patch_merged_attention(module: torch.nn.Module, inj) -> None:
+    _patch_rotary(module, inj)  # the unmerged fallback (training) keeps our rotation
+    _patch_attention(module, inj, "merged_qkv_rope", qk_norm=False, merge=True)
 
 
 def _attention_skip(m) -> str | None:
@@ -256,20 +323,21 @@ def _qwen3_attention_skip(m) -> str | None:
     return None
 
 
-def _patch_rotary(module: torch.nn.Module, tk: ModuleType) -> None:
+def _patch_rotary(module: torch.nn.Module, inj) -> None:
     # The attention forward calls its modeling module's apply_rotary_pos_emb by global name, so the
     # swap is per modeling module (as Liger does it): every model of that class in the process gets
-    # it. Tensors off the GPU still go to transformers' own function.
-    modeling = sys.modules[type(module).__module__]
-    original = getattr(modeling.apply_rotary_pos_emb, "_transformers_original", modeling.apply_rotary_pos_emb)
+    # it, until the last injected one is uninjected. Tensors off the GPU still go to transformers'
+    # own function.
+    def make(original: Callable) -> Callable:
+        def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+            if _on_kernel_device(q):
+                return inj.tk.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim)
+            inj.fallback("rope", f"tensors on {q.device.type}")
+            return original(q, k, cos, sin, unsqueeze_dim)
 
-    def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
-        if _on_kernel_device(q):
-            return tk.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim)
-        return original(q, k, cos, sin, unsqueeze_dim)
+        return apply_rotary_pos_emb
 
-    apply_rotary_pos_emb._transformers_original = original
-    modeling.apply_rotary_pos_emb = apply_rotary_pos_emb
+    inj.swap_global(sys.modules[type(module).__module__], "apply_rotary_pos_emb", make)
 
 
 def _rotary_skip(m) -> str | None:
@@ -277,38 +345,57 @@ def _rotary_skip(m) -> str | None:
     return None if callable(fn) else "its modeling module has no apply_rotary_pos_emb"
 
 
-def rules(merge_projections: bool = True) -> tuple[Rule, ...]:
-    """The table; ``merge_projections`` adds the merged q/k/v and gate/up rules (each falls to its
-    unmerged rule where the projections cannot be merged)."""
-    merged = (
-        Rule("merged_qkv_qk_norm_rope", named(*QWEN3_ATTENTIONS),
-             lambda m, tk: _patch_attention(m, tk, qk_norm=True, merge=True), claims=("q_norm", "k_norm"),
-             skip=lambda m: _qwen3_attention_skip(m) or merging.mergeable(m, QKV)),
-        Rule("merged_qkv_rope", suffixed("Attention"), _patch_merged_attention, skip=_merged_attention_skip),
-        Rule("merged_gate_up_mlp", suffixed("MLP"), _patch_merged_mlp,
-             skip=lambda m: _mlp_skip(m) or merging.mergeable(m, GATE_UP)),
-    ) if merge_projections else ()
-    return (
-        Rule("decoder_layer", suffixed("DecoderLayer"), forward_from(_decoder_layer_forward),
-             claims=("post_attention_layernorm",), skip=_decoder_skip),
-        *merged,
-        Rule("qk_norm_rope", named(*QWEN3_ATTENTIONS), lambda m, tk: _patch_attention(m, tk, qk_norm=True, merge=False),
-             claims=("q_norm", "k_norm"), skip=_qwen3_attention_skip),
-        Rule("rope", suffixed("Attention"), _patch_rotary, skip=_rotary_skip),
-        Rule("mlp", suffixed("MLP"), forward_from(_mlp_forward), skip=_mlp_skip),
-        Rule("rms_norm", suffixed("RMSNorm"), layer_forward("RMSNorm"),
-             skip=lambda m: None if hasattr(m, "variance_epsilon") else "no variance_epsilon (not a transformers RMSNorm)"),
-    )
+RULES: tuple[Rule, ...] = (
+    Rule("decoder_layer", ("rms_norm", "fused_add_rms_norm"), suffixed("DecoderLayer"),
+         forward_from(_decoder_layer_forward), claims=("post_attention_layernorm",), skip=_decoder_skip),
+    # merged rules first: each falls to its unmerged rule where the projections cannot be merged
+    Rule("merged_qkv_qk_norm_rope", ("rms_norm", "rope", "qk_norm_rope", "merge_projections"),
+         named(*QWEN3_ATTENTIONS), lambda m, inj: _patch_attention(m, inj, "merged_qkv_qk_norm_rope", qk_norm=True,
+                                                                    merge=True),
+         claims=("q_norm", "k_norm"), skip=lambda m: _qwen3_attention_skip(m) or merging.mergeable(m, QKV),
+         fallback="CPU tensors, autocast, or q/k norm weights or cos of another dtype than the input run "
+                  "transformers' attention forward; where gradients are wanted, the separate q/k/v projections"),
+    Rule("qk_norm_rope", ("rms_norm", "rope", "qk_norm_rope"), named(*QWEN3_ATTENTIONS),
+         lambda m, inj: _patch_attention(m, inj, "qk_norm_rope", qk_norm=True, merge=False),
+         claims=("q_norm", "k_norm"), skip=_qwen3_attention_skip,
+         fallback="CPU tensors, autocast, or q/k norm weights or cos of another dtype than the input run "
+                  "transformers' attention forward"),
+    Rule("merged_qkv_rope", ("rope", "merge_projections"), suffixed("Attention"), _patch_merged_attention,
+         skip=_merged_attention_skip,
+         fallback="CPU tensors or autocast run transformers' attention forward (whose apply_rotary_pos_emb, "
+                  "swapped process-wide, falls back as rope off the GPU); where gradients are wanted, the "
+                  "separate q/k/v projections"),
+    Rule("rope", ("rope",), suffixed("Attention"), _patch_rotary, skip=_rotary_skip,
+         fallback="tensors off the GPU run transformers' apply_rotary_pos_emb (the swap is process-wide)"),
+    Rule("merged_gate_up_mlp", ("swiglu", "merge_projections"), suffixed("MLP"), _patch_merged_mlp,
+         skip=lambda m: _mlp_skip(m) or merging.mergeable(m, GATE_UP),
+         fallback="tensors off the GPU, or gradients wanted: the separate gate/up projections (then act_mul)"),
+    Rule("mlp", ("swiglu",), suffixed("MLP"), forward_from(_mlp_forward), skip=_mlp_skip),
+    Rule("rms_norm", ("rms_norm",), suffixed("RMSNorm"), layer_forward("RMSNorm"),
+         skip=lambda m: None if hasattr(m, "variance_epsilon") else "no variance_epsilon (not a transformers RMSNorm)"),
+)
+
+SWITCHES = switches_of(RULES)
 
 
-RULES: tuple[Rule, ...] = rules()
+def inject(model: torch.nn.Module, tk: ModuleType | None = None, *, strict: bool = False,
+           **switches: bool) -> InjectionReport:
+    """Patches a transformers model in place; returns what was replaced, what was skipped (why),
+    and which patched paths can fall back at run time.
 
-
-def inject(model: torch.nn.Module, tk: ModuleType | None = None, *, merge_projections: bool = True
-           ) -> InjectionReport:
-    """Patches a transformers model in place; returns what was replaced and what was left, with why.
-
-    ``merge_projections``: q/k/v and gate/up as one GEMM each (see the module docstring)."""
+    Switches (keywords, all on by default; ``False`` leaves that op kind to transformers):
+    {switches}. ``strict=True`` makes a run-time fallback raise ``KernelFallbackError`` instead of
+    logging it once. `tk`: the kernel module (default: ``load_kernel()``). Undo with ``uninject``."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"inject: expected a transformers model (torch.nn.Module), got {type(model).__name__}")
-    return apply_rules([("", model)], rules(merge_projections), tk or load_kernel())
+    on = check_switches(switches, SWITCHES, "inject")
+    return apply_rules([("", model, RULES)], tk or load_kernel(), switches=on, strict=strict)
+
+
+inject.__doc__ = inject.__doc__.format(switches=", ".join(f"``{s}``" for s in SWITCHES))
+
+
+def uninject(model: torch.nn.Module) -> int:
+    """Restores every forward and function ``inject`` patched in `model`; returns how many changes
+    were undone (0 for a model that was not injected)."""
+    return uninject_models([model])

@@ -1,0 +1,102 @@
+"""The tests kernel-builder's Nix runner runs (``nix run .#ci-test`` = ``pytest tests -m kernels_ci``).
+
+Its source set holds only ``tests/**/*.py``, ``torch-ext`` and the kernel sources, so this module
+imports nothing but torch, pytest and kernels (no ``reference/``, no integration package): each op
+family once against a float64 or eager formula written here, at a size with a ragged tail, in
+bf16 and fp32; outputs are checked everywhere. Well under a minute on one GPU. The full suite
+(``scripts/test.sh``) runs them too, next to the thorough per-op tests.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import load_kernel
+
+pytestmark = pytest.mark.kernels_ci
+
+DTYPES = [torch.bfloat16, torch.float32]
+TOL = {torch.bfloat16: 2e-2, torch.float32: 1e-5}  # relative, against float64
+
+
+@pytest.fixture(scope="module")
+def tk():
+    return load_kernel()
+
+
+def rand(*shape, dtype, scale=1.0, offset=0.0):
+    return (torch.randn(*shape, device="cuda", dtype=torch.float32) * scale + offset).to(dtype)
+
+
+def assert_close64(out, ref64, dtype):
+    assert out.dtype == dtype and out.isfinite().all()
+    err = (out.double() - ref64).abs().max().item()
+    assert err <= TOL[dtype] * ref64.abs().max().item() + 1e-6, f"max error {err}"
+
+
+def test_loads_through_kernels_with_its_layers(tk):
+    """Runs without a GPU too: the module, its ops and layers load through kernels."""
+    assert {"rms_norm", "fused_add_rms_norm", "layer_norm", "act_mul", "gelu", "apply_rotary_pos_emb",
+            "norm_modulate", "gated_add", "layers"} <= set(tk.__all__)
+    from kernels.layer.layer import _validate_layer
+
+    class HostRMSNorm(torch.nn.Module):
+        def forward(self, hidden_states):
+            return hidden_states
+
+    _validate_layer(check_cls=HostRMSNorm, cls=tk.layers.RMSNorm, repo="transformer-kernels")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_norms(tk, dtype):
+    x, w, b = rand(67, 4099, dtype=dtype, scale=2, offset=0.5), rand(4099, dtype=dtype, offset=1), rand(4099, dtype=dtype)
+    residual = rand(67, 4099, dtype=dtype)
+    x64, w64, b64 = x.double(), w.double(), b.double()
+    rms = lambda h: h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-5)  # noqa: E731
+    assert_close64(tk.rms_norm(x, w, 1e-5), rms(x64) * w64, dtype)
+    out, new_residual = tk.fused_add_rms_norm(x, residual, w, 1e-5)
+    h = (x + residual).double()
+    assert_close64(new_residual, h, dtype)
+    assert_close64(out, rms(h) * w64, dtype)
+    mean = x64.mean(-1, keepdim=True)
+    ln = (x64 - mean) * torch.rsqrt((x64 - mean).pow(2).mean(-1, keepdim=True) + 1e-5) * w64 + b64
+    assert_close64(tk.layer_norm(x, w, b, 1e-5), ln, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_activations(tk, dtype):
+    gate, up = rand(33, 1029, dtype=dtype), rand(33, 1029, dtype=dtype)
+    assert_close64(tk.act_mul(gate, up, "silu"), F.silu(gate.double()) * up.double(), dtype)
+    assert_close64(tk.gelu(gate, approximate="tanh"), F.gelu(gate.double(), approximate="tanh"), dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rope(tk, dtype):
+    q, k = rand(2, 8, 37, 128, dtype=dtype), rand(2, 2, 37, 128, dtype=dtype)
+    angles = torch.arange(37, device="cuda", dtype=torch.float32)[:, None] * torch.rand(64, device="cuda")
+    angles = torch.cat((angles, angles), -1)[None].expand(2, -1, -1)
+    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+
+    def rotate(x):
+        x = x.double()
+        x1, x2 = x.chunk(2, -1)
+        return x * cos.double()[:, None] + torch.cat((-x2, x1), -1) * sin.double()[:, None]
+
+    q_out, k_out = tk.apply_rotary_pos_emb(q, k, cos, sin)
+    assert_close64(q_out, rotate(q), dtype)
+    assert_close64(k_out, rotate(k), dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_modulation(tk, dtype):
+    x, y = rand(2, 93, 2051, dtype=dtype, scale=2, offset=0.5), rand(2, 93, 2051, dtype=dtype)
+    scale, shift, gate = (rand(2, 1, 2051, dtype=dtype, scale=0.2) for _ in range(3))
+    x64 = x.double()
+    norm = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-6)
+    assert_close64(tk.norm_modulate(x, scale, shift, norm="rms", eps=1e-6),
+                   norm * (1 + scale.double()) + shift.double(), dtype)
+    assert_close64(tk.gated_add(x, y, gate), x64 + y.double() * gate.double(), dtype)
