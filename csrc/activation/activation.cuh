@@ -18,6 +18,7 @@
 #include "common/kernel.cuh"
 #include "common/math.cuh"
 #include "common/rows.cuh"
+#include "activation/activation_policy.cuh"
 #include "common/vec.cuh"
 
 namespace transformer_kernels {
@@ -61,22 +62,10 @@ struct ElementwiseParams {
 
 namespace elementwise_detail {
 
-constexpr int kThreadsPerBlock = 256;
-// Vectors each thread loads per step (all in flight together); also what sizes a row's threads.
-// Kernel lab (H200, bf16, session 7), 4 -> 2 a thread: the activations alone gain (gelu-tanh
-// 16128x8192 90.3 -> 92.1 % of copy, 1536x8192 59.5 -> 62.0 %), the gated forms lose (silu_and_mul
-// 92.3 -> 91.6 %, gated_add 89.2 -> 88.6 %). The activations stay at 4 until the GPU suite has run
-// with 2 (no device time was left). Rows split over several blocks with 1-4 a thread (Triton's
-// shape) measured the same or slower (session 4).
-#ifndef TK_ACT_VECS_PER_THREAD  // tuning knobs for the kernel lab
-#define TK_ACT_VECS_PER_THREAD 4
-#endif
-#ifndef TK_GATED_VECS_PER_THREAD
-#define TK_GATED_VECS_PER_THREAD 4
-#endif
-template <Elementwise kOp>
+// Vectors each thread loads per step (Policy): the activations alone have their own count.
+template <typename Policy, Elementwise kOp>
 constexpr int vecs_per_thread() {
-  return kOp == Elementwise::kAct ? TK_ACT_VECS_PER_THREAD : TK_GATED_VECS_PER_THREAD;
+  return kOp == Elementwise::kAct ? Policy::kActVecsPerThread : Policy::kGatedVecsPerThread;
 }
 
 // One vector of results, rounded as the eager code rounds (module comment): the products and the
@@ -96,18 +85,13 @@ TK_DEVICE vec_t<T, N> apply(const vec_t<T, N>& a, const vec_t<T, N>& b, const ve
   }
 }
 
-// Register cap of the gated units (kActMul): ptxas picks 66, which fits 3 blocks of 256 threads per
-// SM; at 64, 4 fit. Kernel lab, H200: silu_and_mul 4096x(2x14336) bf16 86 -> 92 % of copy. The
-// gated add (80 registers) spills under 64 (88 -> 64 %); the activations alone use 48.
-#ifndef TK_ACT_MUL_REGISTER_CAP  // tuning knob for the kernel lab
-#define TK_ACT_MUL_REGISTER_CAP 64
-#endif
-template <Elementwise kOp>
+// The gated units (kActMul) run under Policy::kActMulRegisterCap; the others keep ptxas's choice.
+template <typename Policy, Elementwise kOp>
 constexpr int elementwise_register_cap() {
-  return kOp == Elementwise::kActMul ? TK_ACT_MUL_REGISTER_CAP : kNoRegisterCap;
+  return kOp == Elementwise::kActMul ? Policy::kActMulRegisterCap : kNoRegisterCap;
 }
 
-template <typename T, Elementwise kOp, Activation kAct, int kVec>
+template <typename Policy, typename T, Elementwise kOp, Activation kAct, int kVec>
 TK_DEVICE void elementwise_body(const ElementwiseParams<T>& p) {
   using vec = vec_t<T, kVec>;
   const int threads = 1 << p.log2_threads_per_row;
@@ -124,7 +108,7 @@ TK_DEVICE void elementwise_body(const ElementwiseParams<T>& p) {
   // Column indices are 32-bit (the binding caps rows below 2^31 elements): cheaper addresses.
   const int cols = static_cast<int>(p.cols);
   const int num_vecs = cols / kVec;
-  constexpr int kVecsPerThread = vecs_per_thread<kOp>();
+  constexpr int kVecsPerThread = vecs_per_thread<Policy, kOp>();
 
   // kVecsPerThread vectors per thread per step, all loads issued before any math or store, so
   // that each thread keeps that many 16-byte loads of every operand in flight.
@@ -154,19 +138,21 @@ TK_DEVICE void elementwise_body(const ElementwiseParams<T>& p) {
   }
 }
 
-template <typename T, Elementwise kOp, Activation kAct, int kVec>
+template <typename Policy, typename T, Elementwise kOp, Activation kAct, int kVec>
 cudaError_t launch(ElementwiseParams<T> p, cudaStream_t stream) {
   // Threads per row: a power of two covering the row at vecs_per_thread vectors each, at most a
   // block; short rows share a block (rows of one element get one thread each).
-  constexpr int kVecsPerThread = vecs_per_thread<kOp>();
+  constexpr int kVecsPerThread = vecs_per_thread<Policy, kOp>();
   const int64_t num_vecs = std::max<int64_t>(1, (p.cols + kVec - 1) / kVec);
   const int64_t wanted = (num_vecs + kVecsPerThread - 1) / kVecsPerThread;
   int log2 = 0;
+  constexpr int kThreadsPerBlock = Policy::kBlockThreads;
   while ((int64_t{1} << log2) < wanted && (1 << log2) < kThreadsPerBlock) ++log2;
   p.log2_threads_per_row = log2;
   const int64_t rows_per_block = kThreadsPerBlock >> log2;
   const dim3 grid(static_cast<unsigned>((p.num_rows + rows_per_block - 1) / rows_per_block));
-  kernel_entry_for<elementwise_register_cap<kOp>(), ElementwiseParams<T>, elementwise_body<T, kOp, kAct, kVec>>()
+  kernel_entry_for<elementwise_register_cap<Policy, kOp>(), ElementwiseParams<T>,
+                   elementwise_body<Policy, T, kOp, kAct, kVec>>()
       <<<grid, kThreadsPerBlock, 0, stream>>>(p);
   return cudaGetLastError();
 }
@@ -174,7 +160,7 @@ cudaError_t launch(ElementwiseParams<T> p, cudaStream_t stream) {
 }  // namespace elementwise_detail
 
 // Host launcher: 16-byte vectors when every pointer and row stride allows it, scalar otherwise.
-template <Elementwise kOp, Activation kAct, typename T>
+template <Elementwise kOp, Activation kAct, typename Policy = ElementwisePolicy, typename T>
 cudaError_t elementwise(const ElementwiseParams<T>& p, cudaStream_t stream) {
   if (p.num_rows == 0 || p.cols == 0) return cudaSuccess;
   constexpr int kVec = vec_size<T>();
@@ -183,8 +169,8 @@ cudaError_t elementwise(const ElementwiseParams<T>& p, cudaStream_t stream) {
   };
   const bool vectorizable =
       aligned(p.a, p.a_rows) && aligned(p.b, p.b_rows) && aligned(p.c, p.c_rows) && aligned(p.out, p.out_rows);
-  return vectorizable ? elementwise_detail::launch<T, kOp, kAct, kVec>(p, stream)
-                      : elementwise_detail::launch<T, kOp, kAct, 1>(p, stream);
+  return vectorizable ? elementwise_detail::launch<Policy, T, kOp, kAct, kVec>(p, stream)
+                      : elementwise_detail::launch<Policy, T, kOp, kAct, 1>(p, stream);
 }
 
 }  // namespace transformer_kernels

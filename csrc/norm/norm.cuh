@@ -23,6 +23,7 @@
 #include "common/reduce.cuh"
 #include "common/rows.cuh"
 #include "common/vec.cuh"
+#include "norm/norm_policy.cuh"
 
 namespace transformer_kernels {
 
@@ -63,61 +64,40 @@ struct NormParams {
   float* split_stats = nullptr;
 };
 
-// When rows are split: rows wider than kSplitMinHidden (the issue's ~16 K) and fewer than two per
-// SM, in chunks of kSplitChunkElems columns (a multiple of every vector width).
-constexpr int64_t kSplitMinHidden = 16384;
-constexpr int kSplitChunkElems = 8192;
 constexpr int kChunkStatFloats = 3;
-static_assert(kSplitChunkElems % 8 == 0, "chunks start on a vector of every dtype");
+static_assert(NormPolicy::kSplitChunkElems % 8 == 0, "chunks start on a vector of every dtype");
 
-// Chunks of kSplitChunkElems columns a row of `hidden` splits into.
-constexpr int norm_chunks(int64_t hidden) { return static_cast<int>((hidden + kSplitChunkElems - 1) / kSplitChunkElems); }
+// Chunks of Policy::kSplitChunkElems columns a row of `hidden` splits into.
+template <typename Policy = NormPolicy>
+constexpr int norm_chunks(int64_t hidden) {
+  return static_cast<int>((hidden + Policy::kSplitChunkElems - 1) / Policy::kSplitChunkElems);
+}
 
 // Chunks per row (1: rows are not split). The caller allocates split_stats for them.
+template <typename Policy = NormPolicy>
 inline int norm_split_chunks(int64_t num_rows, int64_t hidden, int sm_count) {
-  if (hidden <= kSplitMinHidden || num_rows >= 2 * static_cast<int64_t>(sm_count)) return 1;
-  return norm_chunks(hidden);
+  if (hidden <= Policy::kSplitMinHidden || num_rows >= 2 * static_cast<int64_t>(sm_count)) return 1;
+  return norm_chunks<Policy>(hidden);
 }
 
 namespace norm_detail {
 
-// Vectors each thread keeps in registers across the passes, so inputs are read from memory once.
-// Rows wider than threads * cached vectors re-read the rest (from L2: the row was just read).
-// 4 vectors (64 bytes) per thread, measured on the H200 (NOTES.md): against 8, 8 holds more bytes
-// per register but leaves too few warps per SM (16384x4096 bf16: 88 % vs 86 % of copy for
-// rms_norm, 90 % vs 75 % for fused_add_rms_norm); against 2 and 1 in the kernel lab (83 % and
-// 61 % for rms_norm 16384x4096, no gain at 2048 rows).
-constexpr int kCachedVecs = 4;
-#ifndef TK_BLOCK_CACHED_VECS  // tuning knob: TK_CUDA_FLAGS=-DTK_BLOCK_CACHED_VECS=2 python tools/build_kernel.py
-#define TK_BLOCK_CACHED_VECS 4
-#endif
-constexpr int kBlockCachedVecs = TK_BLOCK_CACHED_VECS;
-// The fused variants (pre-add or modulation) keep 4 too. Kernel lab (bf16, before packed
-// rounding): 2 vectors gave the gated modulated norm +2-4 points but norm_modulate -5 to -10 and
-// fused_add_rms_norm -3; 8 lost everywhere (fused_add 91 -> 76 %). Loading all cached vectors'
-// weight/scale/shift before the stores (147 registers) lost 15-20 points and was removed.
-#ifndef TK_FUSED_CACHED_VECS  // tuning knob: TK_CUDA_FLAGS=-DTK_FUSED_CACHED_VECS=2
-#define TK_FUSED_CACHED_VECS 4
-#endif
-template <int kThreadsPerRow, bool kFused>
+// Vectors each thread keeps in registers (Policy): fused norms (a pre-add or a modulation) have
+// their own count; unfused ones one for row groups and one for a block per row.
+template <typename Policy, int kThreadsPerRow, bool kFused>
 constexpr int cached_vecs() {
-  return kFused ? TK_FUSED_CACHED_VECS : (kThreadsPerRow == 0 ? kBlockCachedVecs : kCachedVecs);
+  return kFused ? Policy::kFusedCachedVecs : (kThreadsPerRow == 0 ? Policy::kBlockCachedVecs : Policy::kCachedVecs);
 }
 constexpr int kMaxThreads = 1024;
-constexpr int kThreadsPerBlock = 256;  // for the row-group modes (several rows per block)
-// Row-group widths: kSmallGroup lanes for rows of <= kSmallGroup * kCachedVecs vectors (head-dim
-// norms: 128 bf16 = 16 vectors -> 4 vectors per lane), a warp up to 32 * kCachedVecs vectors,
-// a whole block beyond.
-constexpr int kSmallGroup = 4;
 
 // kMod: AdaLN modulation (scale, optional shift). Features an op does not use are compiled out
 // (bias for RMSNorm, h_out without a pre-add, the modulation): each costs registers, and fewer
 // registers keep more rows in flight per SM.
-template <typename T, typename weight_t, typename out_t, NormType kNorm, PreAdd kPre, bool kMod, int kVec,
-          int kThreadsPerRow, NormPass kPass = NormPass::kWholeRow>
+template <typename Policy, typename T, typename weight_t, typename out_t, NormType kNorm, PreAdd kPre, bool kMod,
+          int kVec, int kThreadsPerRow, NormPass kPass = NormPass::kWholeRow>
 TK_DEVICE void norm_body(const NormParams<T, weight_t, out_t>& p) {
   using vec = vec_t<T, kVec>;
-  constexpr int kCachedVecs = cached_vecs<kThreadsPerRow, kPre != PreAdd::kNone || kMod>();
+  constexpr int kCachedVecs = cached_vecs<Policy, kThreadsPerRow, kPre != PreAdd::kNone || kMod>();
   constexpr bool kSplit = kPass != NormPass::kWholeRow;
   static_assert(!kSplit || kThreadsPerRow == 0, "a split row's chunk takes a whole block");
   const RowGroup<kThreadsPerRow> group(p.num_rows);
@@ -270,9 +250,7 @@ TK_DEVICE void norm_body(const NormParams<T, weight_t, out_t>& p) {
         m2 += d * d;
       }
     }
-    // Its own shared array: no barrier between the two reductions (a block has one row). Kernel
-    // lab: the same speed as with the barrier (layer_norm 8192x4096 79 %); one reduction of shifted
-    // sums instead, 79 % too (85.2 against 83.9 % with L2 clean), so the two reductions stay.
+    // Its own shared array: no barrier between the two reductions (a block has one row).
     m2 = row_reduce_sum<kThreadsPerRow, /*kBuffer=*/1>(m2, lanes_with_rows);
     if constexpr (kPass == NormPass::kChunkStats) return write_chunk_stats(mean, m2);
     inv_std = rsqrtf(m2 * inv_n + p.eps);
@@ -328,8 +306,7 @@ TK_DEVICE void norm_body(const NormParams<T, weight_t, out_t>& p) {
   };
   // HF / diffusers RMSNorm with the weight in x's 16-bit dtype: `weight * round(h * inv_rms)` is a
   // product of two T values rounded to T, one packed multiply (mul_rn: the same bits) instead of
-  // converting both to fp32 and back. Kernel lab (H200, bf16): fused_add_rms_norm 16384x4096
-  // 91.0 -> 93.0 % of copy, rms_norm 2048x4096 54.2 -> 56.0 %, 16384x4096 unchanged (89.5 %).
+  // converting both to fp32 and back (NOTES.md §norm).
   constexpr bool kPackedWeight = kNorm == NormType::kRms && !kMod && sizeof(T) == 2 &&
                                  std::is_same_v<weight_t, T> && std::is_same_v<out_t, T>;
   const bool packed_weight = kPackedWeight && p.round_normalized && p.weight != nullptr;
@@ -378,28 +355,24 @@ TK_DEVICE void norm_body(const NormParams<T, weight_t, out_t>& p) {
   }
 }
 
-// Register cap of the modulated RMSNorms (with or without the gated pre-add): ptxas picks 72 (88
-// gated), at 64 more rows fit per SM (and blocks of 1024 threads). Kernel lab, H200, bf16:
-// norm_modulate 2x8064x2048 59 -> 65 %, 2x7392x4096 65 -> 71 %; gated 68 -> 74 %, 71 -> 79 %.
-// Not measured for LayerNorm, which keeps ptxas's choice.
-#ifndef TK_MODULATED_RMS_REGISTER_CAP  // tuning knob for the kernel lab
-#define TK_MODULATED_RMS_REGISTER_CAP 64
-#endif
-
-template <typename T, typename weight_t, typename out_t, NormType kNorm, PreAdd kPre, bool kMod, int kVec,
-          int kThreadsPerRow, NormPass kPass = NormPass::kWholeRow>
+// The modulated RMSNorms run under Policy::kModulatedRmsRegisterCap; the others keep ptxas's choice.
+template <typename Policy, typename T, typename weight_t, typename out_t, NormType kNorm, PreAdd kPre, bool kMod,
+          int kVec, int kThreadsPerRow, NormPass kPass = NormPass::kWholeRow>
 constexpr auto norm_kernel() {
-  constexpr int kCap = kNorm == NormType::kRms && kMod ? TK_MODULATED_RMS_REGISTER_CAP : kNoRegisterCap;
+  constexpr int kCap = kNorm == NormType::kRms && kMod ? Policy::kModulatedRmsRegisterCap : kNoRegisterCap;
   return kernel_entry_for<kCap, NormParams<T, weight_t, out_t>,
-                          norm_body<T, weight_t, out_t, kNorm, kPre, kMod, kVec, kThreadsPerRow, kPass>>();
+                          norm_body<Policy, T, weight_t, out_t, kNorm, kPre, kMod, kVec, kThreadsPerRow, kPass>>();
 }
 
-template <typename T, typename weight_t, typename out_t, NormType kNorm, PreAdd kPre, bool kMod, int kVec>
+template <typename Policy, typename T, typename weight_t, typename out_t, NormType kNorm, PreAdd kPre, bool kMod,
+          int kVec>
 cudaError_t launch(const NormParams<T, weight_t, out_t>& p, cudaStream_t stream) {
   const int64_t num_vecs = p.hidden / kVec;
   constexpr bool kFused = kPre != PreAdd::kNone || kMod;
-  constexpr int kGroupVecs = cached_vecs<kSmallGroup, kFused>();  // per thread, row-group modes
-  constexpr int kBlockVecs = cached_vecs<0, kFused>();            // per thread, block mode
+  constexpr int kSmallGroup = Policy::kSmallGroup;
+  constexpr int kThreadsPerBlock = Policy::kGroupBlockThreads;
+  constexpr int kGroupVecs = cached_vecs<Policy, kSmallGroup, kFused>();  // per thread, row-group modes
+  constexpr int kBlockVecs = cached_vecs<Policy, 0, kFused>();            // per thread, block mode
   auto grid_for = [&](int rows_per_block) {
     return dim3(static_cast<unsigned>((p.num_rows + rows_per_block - 1) / rows_per_block));
   };
@@ -410,20 +383,20 @@ cudaError_t launch(const NormParams<T, weight_t, out_t>& p, cudaStream_t stream)
     return static_cast<int>(std::min<int64_t>({kMaxThreads, limit, (wanted + kWarpSize - 1) / kWarpSize * kWarpSize}));
   };
   if (p.split_chunks > 1) {
-    constexpr auto kStats = norm_kernel<T, weight_t, out_t, kNorm, kPre, kMod, kVec, 0, NormPass::kChunkStats>();
-    constexpr auto kFromStats = norm_kernel<T, weight_t, out_t, kNorm, kPre, kMod, kVec, 0, NormPass::kChunkFromStats>();
+    constexpr auto kStats = norm_kernel<Policy, T, weight_t, out_t, kNorm, kPre, kMod, kVec, 0, NormPass::kChunkStats>();
+    constexpr auto kFromStats = norm_kernel<Policy, T, weight_t, out_t, kNorm, kPre, kMod, kVec, 0, NormPass::kChunkFromStats>();
     const int64_t chunk_vecs = p.split_chunk_elems / kVec;
     const dim3 grid(static_cast<unsigned>(p.split_chunks), static_cast<unsigned>(p.num_rows));
     kStats<<<grid, block_threads(chunk_vecs, max_block_threads<kStats>(kThreadsPerBlock)), 0, stream>>>(p);
     kFromStats<<<grid, block_threads(chunk_vecs, max_block_threads<kFromStats>(kThreadsPerBlock)), 0, stream>>>(p);
   } else if (num_vecs <= static_cast<int64_t>(kSmallGroup) * kGroupVecs) {
-    norm_kernel<T, weight_t, out_t, kNorm, kPre, kMod, kVec, kSmallGroup>()
+    norm_kernel<Policy, T, weight_t, out_t, kNorm, kPre, kMod, kVec, kSmallGroup>()
         <<<grid_for(kThreadsPerBlock / kSmallGroup), kThreadsPerBlock, 0, stream>>>(p);
   } else if (num_vecs <= static_cast<int64_t>(kWarpSize) * kGroupVecs) {
-    norm_kernel<T, weight_t, out_t, kNorm, kPre, kMod, kVec, kWarpSize>()
+    norm_kernel<Policy, T, weight_t, out_t, kNorm, kPre, kMod, kVec, kWarpSize>()
         <<<grid_for(kThreadsPerBlock / kWarpSize), kThreadsPerBlock, 0, stream>>>(p);
   } else {
-    constexpr auto kWholeRows = norm_kernel<T, weight_t, out_t, kNorm, kPre, kMod, kVec, 0>();
+    constexpr auto kWholeRows = norm_kernel<Policy, T, weight_t, out_t, kNorm, kPre, kMod, kVec, 0>();
     kWholeRows<<<grid_for(1), block_threads(num_vecs, max_block_threads<kWholeRows>(kThreadsPerBlock)), 0, stream>>>(p);
   }
   return cudaGetLastError();
@@ -448,16 +421,17 @@ bool vectorizable(const NormParams<T, W, O>& p, int vec) {
 // Host launcher: 16-byte vectors when every pointer and row stride allows it, scalar otherwise.
 // kMod requires p.scale (p.shift optional); without kMod scale and shift are ignored. Split rows
 // (p.split_chunks > 1, from norm_split_chunks) need p.split_stats and two launches.
-template <NormType kNorm, PreAdd kPre, bool kMod, typename T, typename weight_t, typename out_t>
+template <NormType kNorm, PreAdd kPre, bool kMod, typename Policy = NormPolicy, typename T, typename weight_t,
+          typename out_t>
 cudaError_t norm(const NormParams<T, weight_t, out_t>& p, cudaStream_t stream) {
   if (p.num_rows == 0 || p.hidden == 0) return cudaSuccess;
-  if (p.split_chunks > 1 && (p.split_stats == nullptr || p.split_chunk_elems != kSplitChunkElems ||
-                             norm_chunks(p.hidden) != p.split_chunks))
+  if (p.split_chunks > 1 && (p.split_stats == nullptr || p.split_chunk_elems != Policy::kSplitChunkElems ||
+                             norm_chunks<Policy>(p.hidden) != p.split_chunks))
     return cudaErrorInvalidValue;
   constexpr int kVec = vec_size<T>();
   return norm_detail::vectorizable(p, kVec)
-             ? norm_detail::launch<T, weight_t, out_t, kNorm, kPre, kMod, kVec>(p, stream)
-             : norm_detail::launch<T, weight_t, out_t, kNorm, kPre, kMod, 1>(p, stream);
+             ? norm_detail::launch<Policy, T, weight_t, out_t, kNorm, kPre, kMod, kVec>(p, stream)
+             : norm_detail::launch<Policy, T, weight_t, out_t, kNorm, kPre, kMod, 1>(p, stream);
 }
 
 }  // namespace transformer_kernels

@@ -55,7 +55,7 @@ void run(const NormCall& c) {
   if (p.split_chunks > 1) {
     split_stats = at::empty({p.num_rows * p.split_chunks * kChunkStatFloats}, x.options().dtype(at::kFloat));
     p.split_stats = split_stats.data_ptr<float>();
-    p.split_chunk_elems = kSplitChunkElems;
+    p.split_chunk_elems = NormPolicy::kSplitChunkElems;
   }
   const cudaError_t err = norm<kNorm, kPre, kMod>(p, at::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, c.op, ": kernel launch failed: ", cudaGetErrorString(err));

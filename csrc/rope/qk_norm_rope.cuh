@@ -12,8 +12,8 @@
 //     n   = round(w * round(x * rsqrt(mean(x^2) + eps)))
 //     out = round(round(n * cos) + round(rotate_half(n) * sin))
 //           rotate_half(n)[i] = -n[i + L/2], rotate_half(n)[i + L/2] = n[i]
-// A row is held in registers between the reduction and the rotation (rows up to kMaxRowVecs
-// vectors), so each input is read once. LTX's coordinate form (CosSinSource::kLtxCoords, G = 1)
+// A row is held in registers between the reduction and the rotation (rows up to
+// qk_norm_rope_max_width), so each input is read once. LTX's coordinate form (CosSinSource::kLtxCoords, G = 1)
 // computes cos/sin from the token's coordinates instead of reading tables; one lane group then
 // holds q's and k's row of a token and computes them once for both. Each row keeps the lanes and
 // the sum order the table form gives it, so the two forms give the same bits.
@@ -30,6 +30,7 @@
 #include "common/reduce.cuh"
 #include "common/vec.cuh"
 #include "rope/rope.cuh"
+#include "rope/rope_policy.cuh"
 
 namespace transformer_kernels {
 
@@ -54,23 +55,13 @@ struct QkNormRopeParams {
 
 namespace qk_norm_rope_detail {
 
-// Vectors per thread, all held between the reduction and the store: lane-group modes, and block
-// mode (rows wider than a warp's; rows needing more than kMaxThreads threads at that count fall
-// back to kCachedVecs). Block mode with 2 measured against 4 in the kernel lab (H200, LTX's
-// 2x8064x2048): 60.6 % vs 53.4 % of copy from coordinates, 93.6 % vs 90.3 % from tables.
-constexpr int kCachedVecs = 4;
-#ifndef TK_QK_NORM_ROPE_SHARED_TABLES  // knob for the kernel lab (qk_norm_rope below): 0 = one row a group
-#define TK_QK_NORM_ROPE_SHARED_TABLES 1
-#endif
-#ifndef TK_QK_NORM_ROPE_BLOCK_CACHED_VECS  // tuning knob: -DTK_QK_NORM_ROPE_BLOCK_CACHED_VECS=4
-#define TK_QK_NORM_ROPE_BLOCK_CACHED_VECS 2
-#endif
-constexpr int kBlockCachedVecs = TK_QK_NORM_ROPE_BLOCK_CACHED_VECS;
-static_assert(kBlockCachedVecs <= kCachedVecs, "the widest rows take kCachedVecs per thread");
-constexpr int kGroupThreadsPerBlock = 256;
-constexpr int kSmallGroup = 4;  // the narrowest lane group a row gets
 constexpr int kMaxThreads = 1024;
-constexpr int kMaxRowVecs = kMaxThreads * kCachedVecs;
+// Rows hold at most this many vectors (the whole row stays in registers).
+template <typename Policy>
+constexpr int max_row_vecs() {
+  static_assert(Policy::kBlockCachedVecs <= Policy::kCachedVecs, "the widest rows take kCachedVecs per thread");
+  return kMaxThreads * Policy::kCachedVecs;
+}
 
 TK_HOST_DEVICE constexpr bool half_rotation(QkNormRopeForm form) { return form == QkNormRopeForm::kTransformers; }
 
@@ -105,8 +96,8 @@ TK_DEVICE void normalize(float (&n)[kVec], float inv_rms, const float (&w)[kVec]
 // interleaved pairs, so that each vector holds whole pairs). A group holds kRows rows: one, or
 // q's and k's row of a token when each has one norm group (LTX: the ops take [B, S, C]), each row
 // with the lanes and units one row would have; the two share the token's cos/sin.
-template <QkNormRopeForm kForm, CosSinSource kSource, typename T, typename weight_t, typename table_t, int kVec,
-          int kThreadsPerRow, int kRowCachedVecs, int kRows>
+template <typename Policy, QkNormRopeForm kForm, CosSinSource kSource, typename T, typename weight_t,
+          typename table_t, int kVec, int kThreadsPerRow, int kRowCachedVecs, int kRows>
 TK_DEVICE void qk_norm_rope_body(const QkNormRopeParams<T, weight_t, table_t>& p) {
   static_assert(kSource == CosSinSource::kTables ||
                     (kSource == CosSinSource::kLtxCoords && kForm == QkNormRopeForm::kDiffusers),
@@ -264,12 +255,12 @@ TK_DEVICE void qk_norm_rope_body(const QkNormRopeParams<T, weight_t, table_t>& p
   }
 }
 
-template <QkNormRopeForm kForm, CosSinSource kSource, typename T, typename weight_t, typename table_t, int kVec,
-          int kThreadsPerRow, int kRowCachedVecs, int kRows>
+template <typename Policy, QkNormRopeForm kForm, CosSinSource kSource, typename T, typename weight_t,
+          typename table_t, int kVec, int kThreadsPerRow, int kRowCachedVecs, int kRows>
 constexpr auto qk_norm_rope_kernel() {
   return kernel_entry_for<kNoRegisterCap, QkNormRopeParams<T, weight_t, table_t>,
-                          qk_norm_rope_body<kForm, kSource, T, weight_t, table_t, kVec, kThreadsPerRow, kRowCachedVecs,
-                                            kRows>>();
+                          qk_norm_rope_body<Policy, kForm, kSource, T, weight_t, table_t, kVec, kThreadsPerRow,
+                                            kRowCachedVecs, kRows>>();
 }
 
 // Launches kKernel with a block of `threads` per group, or, where its registers do not allow that
@@ -282,9 +273,13 @@ cudaError_t block_per_group(const Params& p, dim3 grid, int threads, cudaStream_
   return cudaGetLastError();
 }
 
-template <QkNormRopeForm kForm, CosSinSource kSource, typename T, typename weight_t, typename table_t, int kVec,
-          int kRows>
+template <typename Policy, QkNormRopeForm kForm, CosSinSource kSource, typename T, typename weight_t,
+          typename table_t, int kVec, int kRows>
 cudaError_t launch(const QkNormRopeParams<T, weight_t, table_t>& p, cudaStream_t stream) {
+  constexpr int kCachedVecs = Policy::kCachedVecs;
+  constexpr int kBlockCachedVecs = Policy::kBlockCachedVecs;
+  constexpr int kSmallGroup = Policy::kSmallGroup;
+  constexpr int kGroupThreadsPerBlock = Policy::kGroupBlockThreads;
   constexpr int kCachedUnits = kCachedVecs / vecs_per_unit(kForm);
   const int64_t groups = p.qk.num_rows() / kRows;
   const int num_units = p.width / (kVec * vecs_per_unit(kForm));
@@ -296,7 +291,7 @@ cudaError_t launch(const QkNormRopeParams<T, weight_t, table_t>& p, cudaStream_t
   auto in_group_of = [&](auto threads_tag) {
     constexpr int kThreads = decltype(threads_tag)::value;
     if (num_units > kThreads * kCachedUnits) return false;
-    qk_norm_rope_kernel<kForm, kSource, T, weight_t, table_t, kVec, kThreads, kCachedVecs, kRows>()
+    qk_norm_rope_kernel<Policy, kForm, kSource, T, weight_t, table_t, kVec, kThreads, kCachedVecs, kRows>()
         <<<grid_for(kGroupThreadsPerBlock / kThreads), kGroupThreadsPerBlock, 0, stream>>>(p);
     return true;
   };
@@ -310,8 +305,8 @@ cudaError_t launch(const QkNormRopeParams<T, weight_t, table_t>& p, cudaStream_t
       return (wanted + kWarpSize - 1) / kWarpSize * kWarpSize;
     };
     constexpr auto kFewVecs =
-        qk_norm_rope_kernel<kForm, kSource, T, weight_t, table_t, kVec, 0, kBlockUnits * vecs_per_unit(kForm), kRows>();
-    constexpr auto kAllVecs = qk_norm_rope_kernel<kForm, kSource, T, weight_t, table_t, kVec, 0, kCachedVecs, kRows>();
+        qk_norm_rope_kernel<Policy, kForm, kSource, T, weight_t, table_t, kVec, 0, kBlockUnits * vecs_per_unit(kForm), kRows>();
+    constexpr auto kAllVecs = qk_norm_rope_kernel<Policy, kForm, kSource, T, weight_t, table_t, kVec, 0, kCachedVecs, kRows>();
     if (threads_for(kBlockUnits) <= kMaxThreads) {
       return block_per_group<kFewVecs>(p, grid_for(1), threads_for(kBlockUnits), stream);
     }
@@ -324,9 +319,9 @@ cudaError_t launch(const QkNormRopeParams<T, weight_t, table_t>& p, cudaStream_t
 
 // Rows hold at most this many elements of T (the whole row stays in registers): with 16-byte
 // vectors, or with the form's narrowest vectors when pointers or strides do not allow 16 bytes.
-template <QkNormRopeForm kForm, typename T>
+template <QkNormRopeForm kForm, typename T, typename Policy = QkNormRopePolicy>
 constexpr int64_t qk_norm_rope_max_width(bool vectorized) {
-  return static_cast<int64_t>(qk_norm_rope_detail::kMaxRowVecs) *
+  return static_cast<int64_t>(qk_norm_rope_detail::max_row_vecs<Policy>()) *
          (vectorized ? vec_size<T>() : qk_norm_rope_detail::min_vec(kForm));
 }
 
@@ -345,30 +340,30 @@ bool qk_norm_rope_aligned(const QkNormRopeParams<T, weight_t, table_t>& p) {
 // narrowest vectors. The caller checks width (even, <= qk_norm_rope_max_width) and the narrow
 // path's alignment (qk_norm_rope_aligned<kForm, kSource, min_vec>: whole pairs for interleaved
 // pairs). Coordinate form: p.coords set, q and k one norm group each.
-template <QkNormRopeForm kForm, CosSinSource kSource, typename T, typename weight_t, typename table_t>
+template <QkNormRopeForm kForm, CosSinSource kSource, typename Policy = QkNormRopePolicy, typename T,
+          typename weight_t, typename table_t>
 cudaError_t qk_norm_rope(const QkNormRopeParams<T, weight_t, table_t>& p, cudaStream_t stream) {
   if (p.qk.num_rows() == 0 || p.width == 0) return cudaSuccess;
   constexpr int kVec = vec_size<T>();
   constexpr int kMinVec = qk_norm_rope_detail::min_vec(kForm);
   using qk_norm_rope_detail::launch;
   // q's and k's row of a token in one group when each has one norm group: the coordinate form
-  // computes the token's sines once; diffusers' table form loads its cos/sin rows once (kernel lab,
-  // H200, LTX 2x8064x2048 bf16: 93.4 -> 94.1 % of copy). The shared-table kernels hold two rows a
-  // thread (up to 119 registers): where their block cannot have the threads a row needs (C = 32768
-  // asks 1024), the row takes one row a group.
-  constexpr int kCoordsRows = rows_per_group(kSource);
+  // computes the token's sines once; diffusers' table form loads its cos/sin rows once. The
+  // shared-table kernels hold two rows a thread: where their block cannot have the threads a row
+  // needs, the row takes one row a group.
+  constexpr int kCoordsRows = rows_per_group<Policy>(kSource);
   constexpr bool kCanShareTables =
-      TK_QK_NORM_ROPE_SHARED_TABLES && kSource == CosSinSource::kTables && kForm == QkNormRopeForm::kDiffusers;
+      Policy::kShareTables && kSource == CosSinSource::kTables && kForm == QkNormRopeForm::kDiffusers;
   const bool vectorized = qk_norm_rope_aligned<kForm, kSource, kVec>(p);
   if constexpr (kCanShareTables) {
     if (p.qk.num_q_heads == 1 && p.qk.num_k_heads == 1) {
-      const cudaError_t err = vectorized ? launch<kForm, kSource, T, weight_t, table_t, kVec, 2>(p, stream)
-                                         : launch<kForm, kSource, T, weight_t, table_t, kMinVec, 2>(p, stream);
+      const cudaError_t err = vectorized ? launch<Policy, kForm, kSource, T, weight_t, table_t, kVec, 2>(p, stream)
+                                         : launch<Policy, kForm, kSource, T, weight_t, table_t, kMinVec, 2>(p, stream);
       if (err != cudaErrorLaunchOutOfResources) return err;
     }
   }
-  return vectorized ? launch<kForm, kSource, T, weight_t, table_t, kVec, kCoordsRows>(p, stream)
-                    : launch<kForm, kSource, T, weight_t, table_t, kMinVec, kCoordsRows>(p, stream);
+  return vectorized ? launch<Policy, kForm, kSource, T, weight_t, table_t, kVec, kCoordsRows>(p, stream)
+                    : launch<Policy, kForm, kSource, T, weight_t, table_t, kMinVec, kCoordsRows>(p, stream);
 }
 
 }  // namespace transformer_kernels

@@ -255,7 +255,7 @@ std::vector<Case> make_cases() {
     p.num_rows = rows, p.hidden = c, p.eps = 1e-6f, p.round_normalized = true;
     if (split) {  // as the binding does for a few very wide rows (norm_split_chunks)
       p.split_chunks = norm_chunks(c);
-      p.split_chunk_elems = kSplitChunkElems;
+      p.split_chunk_elems = NormPolicy::kSplitChunkElems;
       CHECK(cudaMalloc(&p.split_stats, sizeof(float) * rows * p.split_chunks * kChunkStatFloats));
     }
     std::function<void()> launch;
