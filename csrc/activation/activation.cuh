@@ -18,6 +18,7 @@
 #include "common/kernel.cuh"
 #include "common/math.cuh"
 #include "common/rows.cuh"
+#include "common/schedule.cuh"
 #include "activation/activation_policy.cuh"
 #include "common/vec.cuh"
 
@@ -94,10 +95,9 @@ constexpr int elementwise_register_cap() {
 template <typename Policy, typename T, Elementwise kOp, Activation kAct, int kVec>
 TK_DEVICE void elementwise_body(const ElementwiseParams<T>& p) {
   using vec = vec_t<T, kVec>;
-  const int threads = 1 << p.log2_threads_per_row;
-  const int lane = threadIdx.x & (threads - 1);
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> p.log2_threads_per_row) +
-                      (threadIdx.x >> p.log2_threads_per_row);
+  const PowerOfTwoRows slot(p.log2_threads_per_row);
+  const int threads = slot.threads, lane = slot.lane;
+  const int64_t row = slot.row;
   if (row >= p.num_rows) return;
   // The binding rejects outputs that overlap inputs, so loads of later vectors may be issued
   // before earlier stores.
@@ -143,17 +143,12 @@ cudaError_t launch(ElementwiseParams<T> p, cudaStream_t stream) {
   // Threads per row: a power of two covering the row at vecs_per_thread vectors each, at most a
   // block; short rows share a block (rows of one element get one thread each).
   constexpr int kVecsPerThread = vecs_per_thread<Policy, kOp>();
-  const int64_t num_vecs = std::max<int64_t>(1, (p.cols + kVec - 1) / kVec);
-  const int64_t wanted = (num_vecs + kVecsPerThread - 1) / kVecsPerThread;
-  int log2 = 0;
-  constexpr int kThreadsPerBlock = Policy::kBlockThreads;
-  while ((int64_t{1} << log2) < wanted && (1 << log2) < kThreadsPerBlock) ++log2;
-  p.log2_threads_per_row = log2;
-  const int64_t rows_per_block = kThreadsPerBlock >> log2;
-  const dim3 grid(static_cast<unsigned>((p.num_rows + rows_per_block - 1) / rows_per_block));
+  const int64_t num_vecs = std::max<int64_t>(1, ceil_div(p.cols, kVec));
+  p.log2_threads_per_row = log2_threads_per_row(ceil_div(num_vecs, kVecsPerThread), Policy::kBlockThreads);
+  const dim3 grid = grid_for(p.num_rows, Policy::kBlockThreads >> p.log2_threads_per_row);
   kernel_entry_for<elementwise_register_cap<Policy, kOp>(), ElementwiseParams<T>,
                    elementwise_body<Policy, T, kOp, kAct, kVec>>()
-      <<<grid, kThreadsPerBlock, 0, stream>>>(p);
+      <<<grid, Policy::kBlockThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 

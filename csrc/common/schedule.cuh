@@ -30,21 +30,28 @@ constexpr int warps_covering(int64_t items, int per_thread) {
 
 // ---- row groups or a block per row (norms, fused q/k norm + RoPE) ----
 
-// Lanes a row takes: the narrowest of {small_group, a warp} that holds its `units` at `per_lane`
-// a lane, or 0 (a whole block per row) when neither does.
-constexpr int row_group_lanes(int64_t units, int per_lane, int small_group) {
-  if (units <= static_cast<int64_t>(small_group) * per_lane) return small_group;
-  if (units <= static_cast<int64_t>(kWarpSize) * per_lane) return kWarpSize;
-  return 0;
+// Lanes a row takes: the narrowest of kWidths (ascending powers of two up to a warp) that holds its
+// `units` at `per_lane` a lane, or 0 (a whole block per row) when none does.
+template <int... kWidths>
+constexpr int row_group_lanes(int64_t units, int per_lane) {
+  int lanes = 0;
+  for (int w : {kWidths...}) {
+    if (lanes == 0 && units <= static_cast<int64_t>(w) * per_lane) lanes = w;
+  }
+  return lanes;
 }
 
-// Calls f(std::integral_constant<int, lanes>{}) for lanes = kSmallGroup, kWarpSize or 0 (block per
-// row), so that the kernel for a row_group_lanes choice is picked at compile time.
-template <int kSmallGroup, typename F>
+// Calls f(std::integral_constant<int, lanes>{}) for the row_group_lanes<kWidths...> choice
+// `lanes` (0: a block per row), so that its kernel is picked at compile time.
+template <int kWidth, int... kWider, typename F>
 decltype(auto) with_row_group_lanes(int lanes, F&& f) {
-  if (lanes == kSmallGroup) return f(std::integral_constant<int, kSmallGroup>{});
-  if (lanes == kWarpSize) return f(std::integral_constant<int, kWarpSize>{});
-  return f(std::integral_constant<int, 0>{});
+  static_assert(kWidth >= 1 && kWidth <= kWarpSize && (kWidth & (kWidth - 1)) == 0, "a power of two up to a warp");
+  if (lanes == kWidth) return f(std::integral_constant<int, kWidth>{});
+  if constexpr (sizeof...(kWider) > 0) {
+    return with_row_group_lanes<kWider...>(lanes, static_cast<F&&>(f));
+  } else {
+    return f(std::integral_constant<int, 0>{});
+  }
 }
 
 // Lanes of this thread's warp whose row groups have a row, when groups of kThreadsPerRow lanes

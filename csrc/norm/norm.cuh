@@ -1,404 +1,77 @@
-// Row normalization over the last dimension, with the fusions diffusion and language
-// transformers use around it. Torch-free: the kernel, its launch heuristics and a host launcher.
-//
-//   h   = x                        (PreAdd::kNone)
-//       | round(x + residual)      (PreAdd::kResidual: LLM decoder layers, vLLM fused_add_rms_norm)
-//       | round(x + round(gate*y)) (PreAdd::kGated: DiT blocks, y the attention/MLP branch output)
-//   n   = RMSNorm(h) with the replaced module's rounding, or LayerNorm(h) computed in fp32
-//   out = n                        (no modulation)
-//       | round(round(round(n) * round(1 + scale)) + shift)   (AdaLN modulation, eager rounding)
-//
-// Rounding steps reproduce the eager PyTorch code op by op (each bf16/fp16 op rounds its result);
-// for float32 tensors they are no-ops. h is written to h_out when given (the new residual).
+// Row normalization with the fusions around it (the formulas: norm_kernel.cuh): the launch
+// heuristics and the host launcher. Torch-free.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
-#include <type_traits>
 
 #include "common/kernel.cuh"
-#include "common/math.cuh"
-#include "common/reduce.cuh"
-#include "common/rows.cuh"
+#include "common/schedule.cuh"
 #include "common/vec.cuh"
+#include "norm/norm_kernel.cuh"
 #include "norm/norm_policy.cuh"
 
 namespace transformer_kernels {
 
-enum class NormType { kRms, kLayer };
-enum class PreAdd { kNone, kResidual, kGated };
-// Whole rows (one row group per row), or rows split into column chunks of a block each (a few very
-// wide rows would otherwise leave most SMs idle): the first kernel writes each chunk's statistics,
-// the second combines a row's statistics and normalizes its chunk.
-enum class NormPass { kWholeRow, kChunkStats, kChunkFromStats };
-
-template <typename T, typename weight_t, typename out_t>
-struct NormParams {
-  const T* x;  // [rows..., hidden]
-  RowIndexer x_rows;
-  const T* residual = nullptr;  // [rows..., hidden]: the residual (kResidual) or the branch output y (kGated)
-  RowIndexer residual_rows;
-  const T* gate = nullptr;  // [rows..., hidden], any broadcast (stride-0) rows: kGated only
-  RowIndexer gate_rows;
-  const weight_t* weight = nullptr;  // [hidden] contiguous, or none
-  const weight_t* bias = nullptr;    // [hidden] contiguous, or none (LayerNorm)
-  const T* scale = nullptr;          // [rows..., hidden] broadcast rows, or none (no modulation)
-  RowIndexer scale_rows;
-  const T* shift = nullptr;  // [rows..., hidden] broadcast rows, or none
-  RowIndexer shift_rows;
-  out_t* out;  // [rows..., hidden]
-  RowIndexer out_rows;
-  T* h_out = nullptr;  // [rows..., hidden] pre-norm sum, or none
-  RowIndexer h_rows;
-  int64_t num_rows;
-  int64_t hidden;
-  float eps;
-  // RMSNorm: round h * inv_rms to T before the weight multiply (HF transformers, diffusers).
-  bool round_normalized = false;
-  // Split rows (norm_split_chunks > 1): each row's chunks of split_chunk_elems columns, and their
-  // statistics [num_rows, split_chunks, kChunkStatFloats] (count, sum of squares or mean, M2).
-  int split_chunks = 1;
-  int split_chunk_elems = 0;
-  float* split_stats = nullptr;
-};
-
-constexpr int kChunkStatFloats = 3;
-static_assert(NormPolicy::kSplitChunkElems % 8 == 0, "chunks start on a vector of every dtype");
-
 // Chunks of Policy::kSplitChunkElems columns a row of `hidden` splits into.
 template <typename Policy = NormPolicy>
 constexpr int norm_chunks(int64_t hidden) {
-  return static_cast<int>((hidden + Policy::kSplitChunkElems - 1) / Policy::kSplitChunkElems);
+  return static_cast<int>(ceil_div(hidden, Policy::kSplitChunkElems));
 }
 
 // Chunks per row (1: rows are not split). The caller allocates split_stats for them.
 template <typename Policy = NormPolicy>
 inline int norm_split_chunks(int64_t num_rows, int64_t hidden, int sm_count) {
-  if (hidden <= Policy::kSplitMinHidden || num_rows >= 2 * static_cast<int64_t>(sm_count)) return 1;
-  return norm_chunks<Policy>(hidden);
+  return split_row_chunks(num_rows, hidden, sm_count, Policy::kSplitMinHidden, Policy::kSplitChunkElems);
 }
 
 namespace norm_detail {
 
-// Vectors each thread keeps in registers (Policy): fused norms (a pre-add or a modulation) have
-// their own count; unfused ones one for row groups and one for a block per row.
-template <typename Policy, int kThreadsPerRow, bool kFused>
-constexpr int cached_vecs() {
-  return kFused ? Policy::kFusedCachedVecs : (kThreadsPerRow == 0 ? Policy::kBlockCachedVecs : Policy::kCachedVecs);
-}
-constexpr int kMaxThreads = 1024;
-
-// kMod: AdaLN modulation (scale, optional shift). Features an op does not use are compiled out
-// (bias for RMSNorm, h_out without a pre-add, the modulation): each costs registers, and fewer
-// registers keep more rows in flight per SM.
-template <typename Policy, typename T, typename weight_t, typename out_t, NormType kNorm, PreAdd kPre, bool kMod,
-          int kVec, int kThreadsPerRow, NormPass kPass = NormPass::kWholeRow>
-TK_DEVICE void norm_body(const NormParams<T, weight_t, out_t>& p) {
-  using vec = vec_t<T, kVec>;
-  constexpr int kCachedVecs = cached_vecs<Policy, kThreadsPerRow, kPre != PreAdd::kNone || kMod>();
-  constexpr bool kSplit = kPass != NormPass::kWholeRow;
-  static_assert(!kSplit || kThreadsPerRow == 0, "a split row's chunk takes a whole block");
-  const RowGroup<kThreadsPerRow> group(p.num_rows);
-  const int lane = group.lane, threads = group.threads;
-  const int64_t row = kSplit ? static_cast<int64_t>(blockIdx.y) : group.row;
-  const unsigned lanes_with_rows = group.mask;
-  // Whole row groups leave together (a block in block mode); shuffles then name only the lanes
-  // of groups that have a row.
-  if (row >= p.num_rows) return;
-
-  // A split row's block works on columns [col0, col0 + hidden) as if they were a row of their own.
-  const int64_t col0 = kSplit ? static_cast<int64_t>(blockIdx.x) * p.split_chunk_elems : 0;
-  const T* x = p.x + p.x_rows.offset(row) + col0;
-  out_t* out = p.out + p.out_rows.offset(row) + col0;
-  const T* res = kPre != PreAdd::kNone ? p.residual + p.residual_rows.offset(row) + col0 : nullptr;
-  const T* gate = kPre == PreAdd::kGated ? p.gate + p.gate_rows.offset(row) + col0 : nullptr;
-  T* h_out = kPre != PreAdd::kNone && p.h_out != nullptr ? p.h_out + p.h_rows.offset(row) + col0 : nullptr;
-  // Column indices are 32-bit (the binding caps a row below 2^31 elements): 64-bit ones cost two
-  // or three integer instructions per address, and these kernels issue more integer than float work.
-  const int hidden = kSplit ? static_cast<int>(p.hidden - col0 < p.split_chunk_elems ? p.hidden - col0
-                                                                                      : p.split_chunk_elems)
-                            : static_cast<int>(p.hidden);
-  const int num_vecs = hidden / kVec;
-  const int tail_col = num_vecs * kVec + lane;
-  const bool has_tail = tail_col < hidden;  // the tail is < kVec <= 8 elements
-
-  // h of N elements from x, the residual (or y) and the gate, each op rounded to T as the eager
-  // code rounds it (packed T arithmetic: the same bits, vec.cuh).
-  auto pre_add = [](const auto& xv, const auto& rv, const auto& gv) {
-    if constexpr (kPre == PreAdd::kGated) return add_rn(xv, mul_rn(gv, rv));
-    else return add_rn(xv, rv);
-  };
-  // h of the tail element.
-  auto h_scalar = [&](int col) -> float {
-    vec_t<T, 1> xv, rv, gv;
-    xv[0] = x[col];
-    if constexpr (kPre == PreAdd::kNone) return to_float(xv[0]);
-    rv[0] = res[col];
-    if constexpr (kPre == PreAdd::kGated) gv[0] = gate[col];
-    return to_float(pre_add(xv, rv, gv)[0]);
-  };
-  // Loads vector v of h. Once pass 1 has stored h (h_out), later passes read it back from there:
-  // x and residual may be the outputs of an in-place call and already overwritten.
-  auto load_h = [&](int v, bool stored) -> vec {
-    vec h;
-    if (kPre == PreAdd::kNone || (stored && h_out != nullptr)) {
-      h.load((kPre == PreAdd::kNone ? x : h_out) + v * kVec);
-      return h;
-    }
-    vec xv, rv, gv;
-    xv.load(x + v * kVec);
-    rv.load(res + v * kVec);
-    if constexpr (kPre == PreAdd::kGated) gv.load(gate + v * kVec);
-    return pre_add(xv, rv, gv);
-  };
-
-  // Pass 1: h (stored to h_out when asked), kept in registers, and its sum (or sum of squares).
-  // A chunk normalized from its row's statistics reads h back as stored by the first kernel.
-  constexpr bool kFromStats = kPass == NormPass::kChunkFromStats;
-  vec cached[kCachedVecs];
-#pragma unroll
-  for (int k = 0; k < kCachedVecs; ++k) {
-    const int v = lane + k * threads;
-    if (v < num_vecs) cached[k] = load_h(v, kFromStats);
-  }
-  const float tail_h = !has_tail ? 0.f
-                       : kFromStats && h_out != nullptr ? to_float(h_out[tail_col])
-                                                        : h_scalar(tail_col);
-  if (!kFromStats && h_out != nullptr) {
-#pragma unroll
-    for (int k = 0; k < kCachedVecs; ++k) {
-      const int v = lane + k * threads;
-      if (v < num_vecs) cached[k].store(h_out + v * kVec);
-    }
-    if (has_tail) h_out[tail_col] = from_float<T>(tail_h);
-  }
-  // The sum (or sum of squares): not in a chunk normalized from its row's statistics.
-  auto stat_term = [](float h) { return kNorm == NormType::kRms ? h * h : h; };
-  float acc = has_tail ? stat_term(tail_h) : 0.f;
-  if constexpr (!kFromStats) {
-#pragma unroll
-    for (int k = 0; k < kCachedVecs; ++k) {
-      const int v = lane + k * threads;
-      if (v < num_vecs) {
-#pragma unroll
-        for (int i = 0; i < kVec; ++i) acc += stat_term(to_float(cached[k][i]));
-      }
-    }
-    for (int v = lane + kCachedVecs * threads; v < num_vecs; v += threads) {
-      const vec h = load_h(v, false);
-      if (h_out != nullptr) h.store(h_out + v * kVec);
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) acc += stat_term(to_float(h[i]));
-    }
-    acc = row_reduce_sum<kThreadsPerRow>(acc, lanes_with_rows);
-  }
-
-  // A chunk's statistics are over its own columns; the row's over all of them.
-  const float inv_n = 1.f / static_cast<float>(kPass == NormPass::kChunkStats ? hidden : p.hidden);
-  float* chunk_stats = kSplit ? p.split_stats + (row * p.split_chunks + blockIdx.x) * kChunkStatFloats : nullptr;
-  auto write_chunk_stats = [&](float sum_or_mean, float m2) {
-    if (threadIdx.x == 0) {
-      chunk_stats[0] = static_cast<float>(hidden);
-      chunk_stats[1] = sum_or_mean;
-      chunk_stats[2] = m2;
-    }
-  };
-  float mean = 0.f, inv_std;
-  if constexpr (kFromStats) {
-    // The row's statistics from its chunks', combined in chunk order (the same bits in every
-    // block): sums of squares added; LayerNorm's (count, mean, M2) by Chan et al.'s pairwise update.
-    const float* row_stats = p.split_stats + row * p.split_chunks * kChunkStatFloats;
-    float count = 0.f, total = 0.f, m2 = 0.f;
-    for (int c = 0; c < p.split_chunks; ++c) {
-      const float* s = row_stats + c * kChunkStatFloats;
-      if constexpr (kNorm == NormType::kRms) {
-        total += s[1];
-      } else {
-        const float n = count + s[0], delta = s[1] - mean;
-        mean += delta * (s[0] / n);
-        m2 += s[2] + delta * delta * (count * s[0] / n);
-        count = n;
-      }
-    }
-    inv_std = rsqrtf((kNorm == NormType::kRms ? total : m2) * inv_n + p.eps);
-  } else if constexpr (kNorm == NormType::kRms) {
-    if constexpr (kPass == NormPass::kChunkStats) return write_chunk_stats(acc, 0.f);
-    inv_std = rsqrtf(acc * inv_n + p.eps);
-  } else {
-    // Pass 2 (LayerNorm): variance around the mean from the cached values, two-pass for accuracy.
-    mean = acc * inv_n;
-    float m2 = 0.f;
-    if (has_tail) m2 = (tail_h - mean) * (tail_h - mean);
-#pragma unroll
-    for (int k = 0; k < kCachedVecs; ++k) {
-      const int v = lane + k * threads;
-      if (v < num_vecs) {
-#pragma unroll
-        for (int i = 0; i < kVec; ++i) {
-          const float d = to_float(cached[k][i]) - mean;
-          m2 += d * d;
-        }
-      }
-    }
-    for (int v = lane + kCachedVecs * threads; v < num_vecs; v += threads) {
-      const vec h = load_h(v, true);
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) {
-        const float d = to_float(h[i]) - mean;
-        m2 += d * d;
-      }
-    }
-    // Its own shared array: no barrier between the two reductions (a block has one row).
-    m2 = row_reduce_sum<kThreadsPerRow, /*kBuffer=*/1>(m2, lanes_with_rows);
-    if constexpr (kPass == NormPass::kChunkStats) return write_chunk_stats(mean, m2);
-    inv_std = rsqrtf(m2 * inv_n + p.eps);
-  }
-
-  // Last pass: normalize, affine, modulation, store.
-  const T* scale = kMod ? p.scale + p.scale_rows.offset(row) + col0 : nullptr;
-  const T* shift = kMod && p.shift != nullptr ? p.shift + p.shift_rows.offset(row) + col0 : nullptr;
-  // y: h on entry, the norm's output n (with its affine) on return, in fp32, for N values (a vector,
-  // or the one-element tail). Each op rounds as the eager code does (no FMA across a rounding).
-  auto normalize = [&](auto& y, const auto& w, const auto& b) {
-    constexpr int N = sizeof(y) / sizeof(y[0]);
-#pragma unroll
-    for (int i = 0; i < N; ++i) y[i] = (y[i] - mean) * inv_std;
-    if constexpr (kNorm == NormType::kRms) {
-      if (p.round_normalized) round_through<T>(y);
-#pragma unroll
-      for (int i = 0; i < N; ++i) y[i] *= w[i];
-    } else {
-#pragma unroll
-      for (int i = 0; i < N; ++i) y[i] = y[i] * w[i] + b[i];
-    }
-  };
-  // The output of N values: n rounded to out_t, or (kMod) round(round(n) * round(1 + scale)) + shift
-  // rounded again, from the raw scale/shift vectors in packed T arithmetic (the same bits as the
-  // eager fp32 ops each cast to T, vec.cuh; kMod outputs are T).
-  auto finish = [&](const auto& y, const auto& s, const auto& sh) {
-    constexpr int N = sizeof(y) / sizeof(y[0]);
-    vec_t<out_t, N> o;
-    o.cast_from(y);
-    if constexpr (kMod) {
-      static_assert(std::is_same_v<out_t, T>, "modulated norms output x's dtype");
-      o = mul_rn(o, add_rn(filled<T, N>(from_float<T>(1.f)), s));
-      if (shift != nullptr) o = add_rn(o, sh);
-    }
-    return o;
-  };
-  // One vector's per-column parameters (weight, bias, scale, shift) as loaded; the members an op
-  // does not use are never loaded and compile away.
-  struct ColumnParams {
-    vec_t<weight_t, kVec> w, b;
-    vec s, sh;
-  };
-  auto load_params = [&](int v) {
-    ColumnParams c;
-    if (p.weight != nullptr) c.w.load(p.weight + col0 + v * kVec);
-    if (kNorm == NormType::kLayer && p.bias != nullptr) c.b.load(p.bias + col0 + v * kVec);
-    if constexpr (kMod) {
-      c.s.load(scale + v * kVec);
-      if (shift != nullptr) c.sh.load(shift + v * kVec);
-    }
-    return c;
-  };
-  // HF / diffusers RMSNorm with the weight in x's 16-bit dtype: `weight * round(h * inv_rms)` is a
-  // product of two T values rounded to T, one packed multiply (mul_rn: the same bits) instead of
-  // converting both to fp32 and back (NOTES.md §norm).
-  constexpr bool kPackedWeight = kNorm == NormType::kRms && !kMod && sizeof(T) == 2 &&
-                                 std::is_same_v<weight_t, T> && std::is_same_v<out_t, T>;
-  const bool packed_weight = kPackedWeight && p.round_normalized && p.weight != nullptr;
-  auto store_vec = [&](const vec& h, const ColumnParams& c, int v) {
-    if constexpr (kPackedWeight) {
-      if (packed_weight) {
-        float y[kVec];
-        h.cast_to(y);
-#pragma unroll
-        for (int i = 0; i < kVec; ++i) y[i] *= inv_std;
-        vec normalized;
-        normalized.cast_from(y);
-        mul_rn(normalized, c.w).store(out + v * kVec);
-        return;
-      }
-    }
-    float w[kVec], b[kVec];
-#pragma unroll
-    for (int i = 0; i < kVec; ++i) w[i] = 1.f, b[i] = 0.f;
-    if (p.weight != nullptr) c.w.cast_to(w);
-    if (kNorm == NormType::kLayer && p.bias != nullptr) c.b.cast_to(b);
-    float y[kVec];
-    h.cast_to(y);
-    normalize(y, w, b);
-    finish(y, c.s, c.sh).store(out + v * kVec);
-  };
-#pragma unroll
-  for (int k = 0; k < kCachedVecs; ++k) {
-    const int v = lane + k * threads;
-    if (v < num_vecs) store_vec(cached[k], load_params(v), v);
-  }
-  for (int v = lane + kCachedVecs * threads; v < num_vecs; v += threads)
-    store_vec(load_h(v, true), load_params(v), v);
-  if (has_tail) {
-    const int c = tail_col;
-    float y[1] = {tail_h};
-    const float w[1] = {p.weight ? to_float(p.weight[col0 + c]) : 1.f};
-    const float b[1] = {kNorm == NormType::kLayer && p.bias ? to_float(p.bias[col0 + c]) : 0.f};
-    vec_t<T, 1> s, sh;
-    if constexpr (kMod) {
-      s[0] = scale[c];
-      if (shift != nullptr) sh[0] = shift[c];
-    }
-    normalize(y, w, b);
-    out[c] = finish(y, s, sh)[0];
-  }
-}
-
-// The modulated RMSNorms run under Policy::kModulatedRmsRegisterCap; the others keep ptxas's choice.
-template <typename Policy, typename T, typename weight_t, typename out_t, NormType kNorm, PreAdd kPre, bool kMod,
-          int kVec, int kThreadsPerRow, NormPass kPass = NormPass::kWholeRow>
+// The entry of norm_body: the modulated RMSNorms run under Policy::kModulatedRmsRegisterCap, the
+// others keep ptxas's choice.
+template <typename Op, int kVec, int kThreadsPerRow, NormPass kPass = NormPass::kWholeRow>
 constexpr auto norm_kernel() {
-  constexpr int kCap = kNorm == NormType::kRms && kMod ? Policy::kModulatedRmsRegisterCap : kNoRegisterCap;
-  return kernel_entry_for<kCap, NormParams<T, weight_t, out_t>,
-                          norm_body<Policy, T, weight_t, out_t, kNorm, kPre, kMod, kVec, kThreadsPerRow, kPass>>();
+  constexpr int kCap =
+      Op::kType == NormType::kRms && Op::kModulated ? Op::policy::kModulatedRmsRegisterCap : kNoRegisterCap;
+  return kernel_entry_for<kCap, typename Op::Params, norm_body<Op, kVec, kThreadsPerRow, kPass>>();
 }
 
-template <typename Policy, typename T, typename weight_t, typename out_t, NormType kNorm, PreAdd kPre, bool kMod,
-          int kVec>
-cudaError_t launch(const NormParams<T, weight_t, out_t>& p, cudaStream_t stream) {
+// Block per row (or per chunk): enough threads that each keeps at most its cached vectors of `vecs`,
+// in whole warps, within what kKernel's registers allow (wider rows re-read their remainder).
+template <typename Op, auto kKernel>
+int block_threads(int64_t vecs) {
+  const int limit = max_block_threads<kKernel>(Op::policy::kGroupBlockThreads);
+  return std::min({kMaxBlockThreads, limit, warps_covering(vecs, Op::template cached_vecs<0>())});
+}
+
+// Row groups of Policy::kSmallGroup lanes or a warp for rows that fit them, a block per row beyond;
+// split rows: two launches over (chunk, row), the statistics first.
+template <typename Op, int kVec>
+cudaError_t launch(const typename Op::Params& p, cudaStream_t stream) {
+  using Policy = typename Op::policy;
   const int64_t num_vecs = p.hidden / kVec;
-  constexpr bool kFused = kPre != PreAdd::kNone || kMod;
-  constexpr int kSmallGroup = Policy::kSmallGroup;
-  constexpr int kThreadsPerBlock = Policy::kGroupBlockThreads;
-  constexpr int kGroupVecs = cached_vecs<Policy, kSmallGroup, kFused>();  // per thread, row-group modes
-  constexpr int kBlockVecs = cached_vecs<Policy, 0, kFused>();            // per thread, block mode
-  auto grid_for = [&](int rows_per_block) {
-    return dim3(static_cast<unsigned>((p.num_rows + rows_per_block - 1) / rows_per_block));
-  };
-  // Block mode: enough threads that each keeps at most kBlockCachedVecs vectors of a row of `vecs`,
-  // rounded to whole warps, within `limit` (wider rows re-read their remainder).
-  auto block_threads = [](int64_t vecs, int limit) {
-    const int64_t wanted = (vecs + kBlockVecs - 1) / kBlockVecs;
-    return static_cast<int>(std::min<int64_t>({kMaxThreads, limit, (wanted + kWarpSize - 1) / kWarpSize * kWarpSize}));
-  };
   if (p.split_chunks > 1) {
-    constexpr auto kStats = norm_kernel<Policy, T, weight_t, out_t, kNorm, kPre, kMod, kVec, 0, NormPass::kChunkStats>();
-    constexpr auto kFromStats = norm_kernel<Policy, T, weight_t, out_t, kNorm, kPre, kMod, kVec, 0, NormPass::kChunkFromStats>();
+    constexpr auto kStats = norm_kernel<Op, kVec, 0, NormPass::kChunkStats>();
+    constexpr auto kFromStats = norm_kernel<Op, kVec, 0, NormPass::kChunkFromStats>();
     const int64_t chunk_vecs = p.split_chunk_elems / kVec;
     const dim3 grid(static_cast<unsigned>(p.split_chunks), static_cast<unsigned>(p.num_rows));
-    kStats<<<grid, block_threads(chunk_vecs, max_block_threads<kStats>(kThreadsPerBlock)), 0, stream>>>(p);
-    kFromStats<<<grid, block_threads(chunk_vecs, max_block_threads<kFromStats>(kThreadsPerBlock)), 0, stream>>>(p);
-  } else if (num_vecs <= static_cast<int64_t>(kSmallGroup) * kGroupVecs) {
-    norm_kernel<Policy, T, weight_t, out_t, kNorm, kPre, kMod, kVec, kSmallGroup>()
-        <<<grid_for(kThreadsPerBlock / kSmallGroup), kThreadsPerBlock, 0, stream>>>(p);
-  } else if (num_vecs <= static_cast<int64_t>(kWarpSize) * kGroupVecs) {
-    norm_kernel<Policy, T, weight_t, out_t, kNorm, kPre, kMod, kVec, kWarpSize>()
-        <<<grid_for(kThreadsPerBlock / kWarpSize), kThreadsPerBlock, 0, stream>>>(p);
-  } else {
-    constexpr auto kWholeRows = norm_kernel<Policy, T, weight_t, out_t, kNorm, kPre, kMod, kVec, 0>();
-    kWholeRows<<<grid_for(1), block_threads(num_vecs, max_block_threads<kWholeRows>(kThreadsPerBlock)), 0, stream>>>(p);
+    kStats<<<grid, block_threads<Op, kStats>(chunk_vecs), 0, stream>>>(p);
+    kFromStats<<<grid, block_threads<Op, kFromStats>(chunk_vecs), 0, stream>>>(p);
+    return cudaGetLastError();
   }
+  constexpr int kSmall = Policy::kSmallGroup;
+  const int lanes = row_group_lanes<kSmall, kWarpSize>(num_vecs, Op::template cached_vecs<kSmall>());
+  with_row_group_lanes<kSmall, kWarpSize>(lanes, [&](auto lanes_tag) {
+    constexpr int kLanes = decltype(lanes_tag)::value;
+    constexpr auto kKernel = norm_kernel<Op, kVec, kLanes>();
+    if constexpr (kLanes == 0) {
+      kKernel<<<grid_for(p.num_rows, 1), block_threads<Op, kKernel>(num_vecs), 0, stream>>>(p);
+    } else {
+      kKernel<<<grid_for(p.num_rows, Policy::kGroupBlockThreads / kLanes), Policy::kGroupBlockThreads, 0, stream>>>(p);
+    }
+  });
   return cudaGetLastError();
 }
 
@@ -428,10 +101,10 @@ cudaError_t norm(const NormParams<T, weight_t, out_t>& p, cudaStream_t stream) {
   if (p.split_chunks > 1 && (p.split_stats == nullptr || p.split_chunk_elems != Policy::kSplitChunkElems ||
                              norm_chunks<Policy>(p.hidden) != p.split_chunks))
     return cudaErrorInvalidValue;
+  using Op = NormOp<Policy, T, weight_t, out_t, kNorm, kPre, kMod>;
   constexpr int kVec = vec_size<T>();
-  return norm_detail::vectorizable(p, kVec)
-             ? norm_detail::launch<Policy, T, weight_t, out_t, kNorm, kPre, kMod, kVec>(p, stream)
-             : norm_detail::launch<Policy, T, weight_t, out_t, kNorm, kPre, kMod, 1>(p, stream);
+  return norm_detail::vectorizable(p, kVec) ? norm_detail::launch<Op, kVec>(p, stream)
+                                            : norm_detail::launch<Op, 1>(p, stream);
 }
 
 }  // namespace transformer_kernels

@@ -28,6 +28,7 @@
 #include "common/kernel.cuh"
 #include "common/math.cuh"
 #include "common/reduce.cuh"
+#include "common/schedule.cuh"
 #include "common/vec.cuh"
 #include "rope/rope.cuh"
 #include "rope/rope_policy.cuh"
@@ -55,12 +56,11 @@ struct QkNormRopeParams {
 
 namespace qk_norm_rope_detail {
 
-constexpr int kMaxThreads = 1024;
 // Rows hold at most this many vectors (the whole row stays in registers).
 template <typename Policy>
 constexpr int max_row_vecs() {
   static_assert(Policy::kBlockCachedVecs <= Policy::kCachedVecs, "the widest rows take kCachedVecs per thread");
-  return kMaxThreads * Policy::kCachedVecs;
+  return kMaxBlockThreads * Policy::kCachedVecs;
 }
 
 TK_HOST_DEVICE constexpr bool half_rotation(QkNormRopeForm form) { return form == QkNormRopeForm::kTransformers; }
@@ -268,51 +268,41 @@ constexpr auto qk_norm_rope_kernel() {
 // registers, so a block has the threads the row needs or none (the caller may take another form).
 template <auto kKernel, typename Params>
 cudaError_t block_per_group(const Params& p, dim3 grid, int threads, cudaStream_t stream) {
-  if (threads > max_block_threads<kKernel>(kMaxThreads)) return cudaErrorLaunchOutOfResources;
+  if (threads > max_block_threads<kKernel>(kMaxBlockThreads)) return cudaErrorLaunchOutOfResources;
   kKernel<<<grid, threads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
+// The narrowest lane group that holds the row, so that no lane of a short row (one head) idles; a
+// block per row beyond, Policy::kBlockCachedVecs a thread where the row fits, kCachedVecs beyond.
+// The choice depends on the row alone, so every form splits a row the same way.
 template <typename Policy, QkNormRopeForm kForm, CosSinSource kSource, typename T, typename weight_t,
           typename table_t, int kVec, int kRows>
 cudaError_t launch(const QkNormRopeParams<T, weight_t, table_t>& p, cudaStream_t stream) {
   constexpr int kCachedVecs = Policy::kCachedVecs;
-  constexpr int kBlockCachedVecs = Policy::kBlockCachedVecs;
-  constexpr int kSmallGroup = Policy::kSmallGroup;
-  constexpr int kGroupThreadsPerBlock = Policy::kGroupBlockThreads;
   constexpr int kCachedUnits = kCachedVecs / vecs_per_unit(kForm);
   const int64_t groups = p.qk.num_rows() / kRows;
   const int num_units = p.width / (kVec * vecs_per_unit(kForm));
-  auto grid_for = [&](int groups_per_block) {
-    return dim3(static_cast<unsigned>((groups + groups_per_block - 1) / groups_per_block));
-  };
-  // The narrowest lane group that holds the row, so that no lane of a short row (one head) idles.
-  // The choice depends on the row alone, so both forms split a row the same way.
-  auto in_group_of = [&](auto threads_tag) {
-    constexpr int kThreads = decltype(threads_tag)::value;
-    if (num_units > kThreads * kCachedUnits) return false;
-    qk_norm_rope_kernel<Policy, kForm, kSource, T, weight_t, table_t, kVec, kThreads, kCachedVecs, kRows>()
-        <<<grid_for(kGroupThreadsPerBlock / kThreads), kGroupThreadsPerBlock, 0, stream>>>(p);
-    return true;
-  };
-  using std::integral_constant;
-  if (!(in_group_of(integral_constant<int, kSmallGroup>{}) || in_group_of(integral_constant<int, 8>{}) ||
-        in_group_of(integral_constant<int, 16>{}) || in_group_of(integral_constant<int, kWarpSize>{}))) {
-    // A block per group, kBlockCachedVecs per thread where the row fits, kCachedVecs beyond.
-    constexpr int kBlockUnits = std::max(1, kBlockCachedVecs / vecs_per_unit(kForm));
-    auto threads_for = [&](int units_per_thread) {
-      const int wanted = (num_units + units_per_thread - 1) / units_per_thread;
-      return (wanted + kWarpSize - 1) / kWarpSize * kWarpSize;
-    };
-    constexpr auto kFewVecs =
-        qk_norm_rope_kernel<Policy, kForm, kSource, T, weight_t, table_t, kVec, 0, kBlockUnits * vecs_per_unit(kForm), kRows>();
-    constexpr auto kAllVecs = qk_norm_rope_kernel<Policy, kForm, kSource, T, weight_t, table_t, kVec, 0, kCachedVecs, kRows>();
-    if (threads_for(kBlockUnits) <= kMaxThreads) {
-      return block_per_group<kFewVecs>(p, grid_for(1), threads_for(kBlockUnits), stream);
+  constexpr int kSmall = Policy::kSmallGroup;
+  const int lanes = row_group_lanes<kSmall, 8, 16, kWarpSize>(num_units, kCachedUnits);
+  return with_row_group_lanes<kSmall, 8, 16, kWarpSize>(lanes, [&](auto lanes_tag) {
+    constexpr int kLanes = decltype(lanes_tag)::value;
+    if constexpr (kLanes > 0) {
+      qk_norm_rope_kernel<Policy, kForm, kSource, T, weight_t, table_t, kVec, kLanes, kCachedVecs, kRows>()
+          <<<grid_for(groups, Policy::kGroupBlockThreads / kLanes), Policy::kGroupBlockThreads, 0, stream>>>(p);
+      return cudaGetLastError();
+    } else {
+      constexpr int kBlockUnits = std::max(1, Policy::kBlockCachedVecs / vecs_per_unit(kForm));
+      constexpr auto kFewVecs = qk_norm_rope_kernel<Policy, kForm, kSource, T, weight_t, table_t, kVec, 0,
+                                                    kBlockUnits * vecs_per_unit(kForm), kRows>();
+      constexpr auto kAllVecs =
+          qk_norm_rope_kernel<Policy, kForm, kSource, T, weight_t, table_t, kVec, 0, kCachedVecs, kRows>();
+      if (warps_covering(num_units, kBlockUnits) <= kMaxBlockThreads)
+        return block_per_group<kFewVecs>(p, grid_for(groups, 1), warps_covering(num_units, kBlockUnits), stream);
+      // at most kMaxBlockThreads: the binding checks the width (qk_norm_rope_max_width)
+      return block_per_group<kAllVecs>(p, grid_for(groups, 1), warps_covering(num_units, kCachedUnits), stream);
     }
-    return block_per_group<kAllVecs>(p, grid_for(1), threads_for(kCachedUnits), stream);  // <= kMaxThreads: host-checked
-  }
-  return cudaGetLastError();
+  });
 }
 
 }  // namespace qk_norm_rope_detail

@@ -23,6 +23,7 @@
 #include "common/divmod.cuh"
 #include "common/kernel.cuh"
 #include "common/math.cuh"
+#include "common/schedule.cuh"
 #include "common/vec.cuh"
 #include "rope/rope_policy.cuh"
 
@@ -313,10 +314,9 @@ TK_DEVICE void rope_body(const RopeParams<T, table_t>& p) {
   constexpr bool kCache = kSource == CosSinSource::kCache;
   constexpr bool kCoords = kSource == CosSinSource::kLtxCoords;
   static_assert(!kCoords || (kStyle == RopeStyle::kInterleaved && kFp32Math), "LTX rotates interleaved pairs in fp32");
-  const int threads = 1 << p.log2_threads_per_row;
-  const int lane = threadIdx.x & (threads - 1);
-  const int64_t group = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> p.log2_threads_per_row) +
-                        (threadIdx.x >> p.log2_threads_per_row);
+  const PowerOfTwoRows slot(p.log2_threads_per_row);
+  const int threads = slot.threads, lane = slot.lane;
+  const int64_t group = slot.row;
   if (group >= p.qk.num_rows() / kRows) return;
   int64_t b, s;
   const T* x[kRows];
@@ -481,12 +481,9 @@ cudaError_t rope(RopeParams<T, table_t> p, cudaStream_t stream) {
   const int64_t groups = p.qk.num_rows() / group_rows;
   // Threads per row: a power of two covering the row's steps (at least one), at most a block.
   constexpr int kThreadSteps = steps_per_thread<Policy>(kSource);
-  const int steps = (num_pairs + pairs_per_step * kThreadSteps - 1) / (pairs_per_step * kThreadSteps);
-  int log2 = 0;
-  while ((1 << log2) < steps && (1 << log2) < Policy::kBlockThreads) ++log2;
-  p.log2_threads_per_row = log2;
-  const int64_t groups_per_block = Policy::kBlockThreads >> log2;
-  const dim3 grid(static_cast<unsigned>((groups + groups_per_block - 1) / groups_per_block));
+  const int64_t steps = ceil_div(num_pairs, pairs_per_step * kThreadSteps);
+  p.log2_threads_per_row = log2_threads_per_row(steps, Policy::kBlockThreads);
+  const dim3 grid = grid_for(groups, Policy::kBlockThreads >> p.log2_threads_per_row);
   constexpr int kHeadsRows = kGroupHeads ? Policy::kMaxHeadsPerGroup : 1;  // the largest group compiled
   if (!vectorizable) {
     rope_detail::rope_kernel<Policy, T, table_t, kStyle, kFp32Math, 1, kSource, !kTables ? kCoordsRows : 1>()
