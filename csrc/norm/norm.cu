@@ -57,14 +57,15 @@ void check_same_param_dtype(const char* op, const OptTensor& weight, const OptTe
                      weight->scalar_type(), " and ", bias->scalar_type());
 }
 
-const at::Tensor* ptr(const OptTensor* t) { return t != nullptr && *t ? &**t : nullptr; }
+// The tensor of an optional argument, or null.
+const at::Tensor* ptr(const OptTensor& t) { return t ? &*t : nullptr; }
 
 // An output the caller passed: x's shape, `dtype`, and no memory shared with any of the call's inputs.
 void check_output(const NormCall& c, const at::Tensor& out, const char* name, c10::ScalarType dtype) {
   transformer_kernels::check_output(
       c.op, out, name, *c.x, c.x->sizes(), dtype,
       {{c.x, "x"}, {c.residual, c.pre == PreAdd::kGated ? "y" : "residual"}, {c.gate, "gate"},
-       {ptr(c.weight), "weight"}, {ptr(c.bias), "bias"}, {c.scale, "scale"}, {ptr(c.shift), "shift"}});
+       {c.weight, "weight"}, {c.bias, "bias"}, {c.scale, "scale"}, {c.shift, "shift"}});
 }
 
 // The (norm, pre-add, modulation) combinations the ops use; nothing else is instantiated.
@@ -87,6 +88,62 @@ void launch(const NormCall& c) {
 
 at::Tensor empty_like_rows(const at::Tensor& x, c10::ScalarType dtype) {
   return at::empty(x.sizes(), x.options().dtype(dtype));
+}
+
+// ---- each op's launch ----
+
+NormCall rms_norm_call(const at::Tensor& x, const OptTensor& weight, double eps, const RmsRounding& r,
+                       at::Tensor& out) {
+  NormCall c("rms_norm", NormType::kRms, x, out, eps);
+  c.weight = ptr(weight);
+  c.round_normalized = r.round_normalized;
+  return c;
+}
+
+// h = x + residual into h_out (the new residual), out = RMSNorm(h).
+NormCall fused_add_rms_norm_call(const char* op, const at::Tensor& x, const at::Tensor& residual,
+                                 const OptTensor& weight, double eps, const RmsRounding& r, at::Tensor& out,
+                                 at::Tensor& h_out) {
+  NormCall c(op, NormType::kRms, x, out, eps);
+  c.pre = PreAdd::kResidual;
+  c.residual = &residual;
+  c.weight = ptr(weight);
+  c.h_out = &h_out;
+  c.round_normalized = r.round_normalized;
+  return c;
+}
+
+NormCall layer_norm_call(const at::Tensor& x, const OptTensor& weight, const OptTensor& bias, double eps,
+                         at::Tensor& out) {
+  NormCall c("layer_norm", NormType::kLayer, x, out, eps);
+  c.weight = ptr(weight);
+  c.bias = ptr(bias);
+  return c;
+}
+
+// norm(x) * (1 + scale) + shift; the norm's output is rounded to x's dtype first.
+NormCall modulated_call(const char* op, NormType type, const at::Tensor& x, const at::Tensor& scale,
+                        const OptTensor& shift, const OptTensor& weight, const OptTensor& bias, double eps,
+                        at::Tensor& out) {
+  NormCall c(op, type, x, out, eps);
+  c.weight = ptr(weight);
+  c.bias = ptr(bias);
+  c.scale = &scale;
+  c.shift = ptr(shift);
+  c.round_normalized = true;
+  return c;
+}
+
+// h = x + gate * y (or x + y) into h_out, then the modulated norm of h.
+NormCall gated_call(const char* op, NormType type, const at::Tensor& x, const at::Tensor& y, const OptTensor& gate,
+                    const at::Tensor& scale, const OptTensor& shift, const OptTensor& weight, const OptTensor& bias,
+                    double eps, at::Tensor& out, at::Tensor& h_out) {
+  NormCall c = modulated_call(op, type, x, scale, shift, weight, bias, eps, out);
+  c.pre = gate ? PreAdd::kGated : PreAdd::kResidual;
+  c.residual = &y;
+  c.gate = ptr(gate);
+  c.h_out = &h_out;
+  return c;
 }
 
 // ---- rms_norm ----
@@ -124,18 +181,14 @@ NormType check_modulated(const char* op, const at::Tensor& x, const at::Tensor& 
 at::Tensor rms_norm(const at::Tensor& x, const OptTensor& weight, double eps, std::string_view rounding) {
   const RmsRounding r = check_rms_norm("rms_norm", x, weight, eps, rounding);
   at::Tensor out = empty_like_rows(x, r.out_dtype);
-  const OptTensor none;
-  launch({"rms_norm", NormType::kRms, PreAdd::kNone, &x, nullptr, nullptr, &weight, &none, nullptr, nullptr, &out,
-          nullptr, eps, r.round_normalized});
+  launch(rms_norm_call(x, weight, eps, r, out));
   return out;
 }
 
 void rms_norm_out(at::Tensor& out, const at::Tensor& x, const OptTensor& weight, double eps,
                   std::string_view rounding) {
   const RmsRounding r = check_rms_norm("rms_norm", x, weight, eps, rounding);
-  const OptTensor none;
-  const NormCall c{"rms_norm", NormType::kRms, PreAdd::kNone, &x,  nullptr, nullptr, &weight,
-                   &none,      nullptr,        nullptr,       &out, nullptr, eps,    r.round_normalized};
+  const NormCall c = rms_norm_call(x, weight, eps, r, out);
   check_output(c, out, "out", r.out_dtype);
   launch(c);
 }
@@ -147,9 +200,7 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm(const at::Tensor& x, const
   check_same_as_x(op, residual, "residual", x);
   at::Tensor out = empty_like_rows(x, r.out_dtype);
   at::Tensor h = empty_like_rows(x, x.scalar_type());
-  const OptTensor none;
-  launch({op, NormType::kRms, PreAdd::kResidual, &x, &residual, nullptr, &weight, &none, nullptr, nullptr, &out, &h,
-          eps, r.round_normalized});
+  launch(fused_add_rms_norm_call(op, x, residual, weight, eps, r, out, h));
   return {out, h};
 }
 
@@ -159,9 +210,7 @@ void fused_add_rms_norm_out(at::Tensor& out, at::Tensor& residual_out, const at:
   constexpr const char* op = "fused_add_rms_norm";
   const RmsRounding r = check_rms_norm(op, x, weight, eps, rounding);
   check_same_as_x(op, residual, "residual", x);
-  const OptTensor none;
-  const NormCall c{op,      NormType::kRms, PreAdd::kResidual, &x,   &residual,     nullptr, &weight,
-                   &none,   nullptr,        nullptr,           &out, &residual_out, eps,     r.round_normalized};
+  const NormCall c = fused_add_rms_norm_call(op, x, residual, weight, eps, r, out, residual_out);
   check_output(c, out, "out", r.out_dtype);
   check_output(c, residual_out, "residual_out", x.scalar_type());
   check_no_overlap(op, out, "out", residual_out, "residual_out");
@@ -183,9 +232,7 @@ void fused_add_rms_norm_inplace(at::Tensor& x, at::Tensor& residual, const OptTe
   check_no_overlap(op, x, "x", residual, "residual");
   if (weight) check_no_overlap(op, x, "x", *weight, "weight");
   if (weight) check_no_overlap(op, residual, "residual", *weight, "weight");
-  const OptTensor none;
-  launch({op, NormType::kRms, PreAdd::kResidual, &x, &residual, nullptr, &weight, &none, nullptr, nullptr, &x,
-          &residual, eps, r.round_normalized});
+  launch(fused_add_rms_norm_call(op, x, residual, weight, eps, r, x, residual));
 }
 
 // ---- layer_norm ----
@@ -204,16 +251,14 @@ void check_layer_norm(const char* op, const at::Tensor& x, const OptTensor& weig
 at::Tensor layer_norm(const at::Tensor& x, const OptTensor& weight, const OptTensor& bias, double eps) {
   check_layer_norm("layer_norm", x, weight, bias, eps);
   at::Tensor out = empty_like_rows(x, x.scalar_type());
-  launch({"layer_norm", NormType::kLayer, PreAdd::kNone, &x, nullptr, nullptr, &weight, &bias, nullptr, nullptr,
-          &out, nullptr, eps});
+  launch(layer_norm_call(x, weight, bias, eps, out));
   return out;
 }
 
 void layer_norm_out(at::Tensor& out, const at::Tensor& x, const OptTensor& weight, const OptTensor& bias,
                     double eps) {
   check_layer_norm("layer_norm", x, weight, bias, eps);
-  const NormCall c{"layer_norm", NormType::kLayer, PreAdd::kNone, &x,   nullptr, nullptr, &weight,
-                   &bias,        nullptr,          nullptr,       &out, nullptr, eps};
+  const NormCall c = layer_norm_call(x, weight, bias, eps, out);
   check_output(c, out, "out", x.scalar_type());
   launch(c);
 }
@@ -225,8 +270,7 @@ at::Tensor norm_modulate(const at::Tensor& x, const at::Tensor& scale, const Opt
   constexpr const char* op = "norm_modulate";
   const NormType type = check_modulated(op, x, scale, shift, weight, bias, eps, norm);
   at::Tensor out = empty_like_rows(x, x.scalar_type());
-  launch({op, type, PreAdd::kNone, &x, nullptr, nullptr, &weight, &bias, &scale, &shift, &out, nullptr, eps,
-          /*round_normalized=*/true});
+  launch(modulated_call(op, type, x, scale, shift, weight, bias, eps, out));
   return out;
 }
 
@@ -234,8 +278,7 @@ void norm_modulate_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& s
                        const OptTensor& weight, const OptTensor& bias, double eps, std::string_view norm) {
   constexpr const char* op = "norm_modulate";
   const NormType type = check_modulated(op, x, scale, shift, weight, bias, eps, norm);
-  const NormCall c{op, type, PreAdd::kNone, &x, nullptr, nullptr, &weight, &bias, &scale, &shift, &out, nullptr, eps,
-                   true};
+  const NormCall c = modulated_call(op, type, x, scale, shift, weight, bias, eps, out);
   check_output(c, out, "out", x.scalar_type());
   launch(c);
 }
@@ -258,8 +301,7 @@ std::tuple<at::Tensor, at::Tensor> gated_add_norm_modulate(const at::Tensor& x, 
   check_gated(op, x, y, gate);
   at::Tensor h = empty_like_rows(x, x.scalar_type());
   at::Tensor out = empty_like_rows(x, x.scalar_type());
-  launch({op, type, gate ? PreAdd::kGated : PreAdd::kResidual, &x, &y, gate ? &*gate : nullptr, &weight, &bias,
-          &scale, &shift, &out, &h, eps, true});
+  launch(gated_call(op, type, x, y, gate, scale, shift, weight, bias, eps, out, h));
   return {h, out};
 }
 
@@ -269,8 +311,7 @@ void gated_add_norm_modulate_out(at::Tensor& h_out, at::Tensor& out, const at::T
   constexpr const char* op = "gated_add_norm_modulate";
   const NormType type = check_modulated(op, x, scale, shift, weight, bias, eps, norm);
   check_gated(op, x, y, gate);
-  const NormCall c{op,     type,   gate ? PreAdd::kGated : PreAdd::kResidual, &x,   &y,     gate ? &*gate : nullptr,
-                   &weight, &bias, &scale,  &shift, &out, &h_out, eps, true};
+  const NormCall c = gated_call(op, type, x, y, gate, scale, shift, weight, bias, eps, out, h_out);
   check_output(c, out, "out", x.scalar_type());
   check_output(c, h_out, "h_out", x.scalar_type());
   check_no_overlap(op, out, "out", h_out, "h_out");

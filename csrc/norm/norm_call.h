@@ -14,22 +14,26 @@ namespace norm_binding {
 
 using OptTensor = std::optional<at::Tensor>;
 
-// Everything one kernel launch needs, as torch tensors; `nullptr`/empty for what is absent.
+// Everything one kernel launch needs, as torch tensors: the op, the norm, x, the output and eps
+// at construction, the rest by name (null where absent).
 struct NormCall {
   const char* op;
   NormType type;
-  PreAdd pre;
   const at::Tensor* x;
+  at::Tensor* out;
+  double eps;
+  PreAdd pre = PreAdd::kNone;
   const at::Tensor* residual = nullptr;  // the residual (kResidual) or the branch output y (kGated)
   const at::Tensor* gate = nullptr;      // broadcast to x's shape
-  const OptTensor* weight;
-  const OptTensor* bias;
+  const at::Tensor* weight = nullptr;
+  const at::Tensor* bias = nullptr;
   const at::Tensor* scale = nullptr;  // broadcast to x's shape
-  const OptTensor* shift = nullptr;   // broadcast to x's shape
-  at::Tensor* out;
+  const at::Tensor* shift = nullptr;  // broadcast to x's shape
   at::Tensor* h_out = nullptr;
-  double eps;
   bool round_normalized = false;
+
+  NormCall(const char* op_, NormType type_, const at::Tensor& x_, at::Tensor& out_, double eps_)
+      : op(op_), type(type_), x(&x_), out(&out_), eps(eps_) {}
 };
 
 // Picks the kernel for x's dtype (weight = x's or fp32; out = x's or fp32) and launches it on the

@@ -28,15 +28,15 @@ void run(const NormCall& c) {
     p.gate = reinterpret_cast<const T*>(c.gate->const_data_ptr());
     p.gate_rows = broadcast_row_indexer(c.op, *c.gate, "gate", x);
   }
-  if (*c.weight) p.weight = reinterpret_cast<const W*>((*c.weight)->const_data_ptr());
-  if (*c.bias) p.bias = reinterpret_cast<const W*>((*c.bias)->const_data_ptr());
+  if (c.weight) p.weight = reinterpret_cast<const W*>(c.weight->const_data_ptr());
+  if (c.bias) p.bias = reinterpret_cast<const W*>(c.bias->const_data_ptr());
   if (c.scale) {
     p.scale = reinterpret_cast<const T*>(c.scale->const_data_ptr());
     p.scale_rows = broadcast_row_indexer(c.op, *c.scale, "scale", x);
   }
-  if (c.shift && *c.shift) {
-    p.shift = reinterpret_cast<const T*>((*c.shift)->const_data_ptr());
-    p.shift_rows = broadcast_row_indexer(c.op, **c.shift, "shift", x);
+  if (c.shift) {
+    p.shift = reinterpret_cast<const T*>(c.shift->const_data_ptr());
+    p.shift_rows = broadcast_row_indexer(c.op, *c.shift, "shift", x);
   }
   p.out = reinterpret_cast<O*>(c.out->data_ptr());
   p.out_rows = row_indexer(c.op, *c.out, "out");
@@ -63,8 +63,8 @@ void run(const NormCall& c) {
 
 template <NormType kNorm, PreAdd kPre, bool kMod>
 void dispatch_dtypes(const NormCall& c) {
-  const bool weight_f32 = (*c.weight && (*c.weight)->scalar_type() == at::kFloat) ||
-                          (*c.bias && (*c.bias)->scalar_type() == at::kFloat);
+  const bool weight_f32 = (c.weight && c.weight->scalar_type() == at::kFloat) ||
+                          (c.bias && c.bias->scalar_type() == at::kFloat);
   const bool out_f32 = c.out->scalar_type() == at::kFloat;
   dispatch_float_dtype(c.x->scalar_type(), "x", [&](auto tag) {
     using T = typename decltype(tag)::type;
