@@ -30,25 +30,33 @@ constexpr int warps_covering(int64_t items, int per_thread) {
 
 // ---- row groups or a block per row (norms, fused q/k norm + RoPE) ----
 
-// Lanes a row takes: the narrowest of kWidths (ascending powers of two up to a warp) that holds its
-// `units` at `per_lane` a lane, or 0 (a whole block per row) when none does.
-template <int... kWidths>
-constexpr int row_group_lanes(int64_t units, int per_lane) {
+// The lanes of the row groups a kernel family compiles: ascending powers of two up to a warp
+// (a policy's RowGroups).
+template <int... kLanes>
+struct RowGroupWidths {
+  static_assert(sizeof...(kLanes) > 0, "at least one width");
+  static_assert(((kLanes >= 1 && kLanes <= kWarpSize && (kLanes & (kLanes - 1)) == 0) && ...),
+                "powers of two up to a warp");
+};
+
+// Lanes a row takes: the narrowest of the widths that holds its `units` at `per_lane` a lane, or 0
+// (a whole block per row) when none does.
+template <int... kLanes>
+constexpr int row_group_lanes(RowGroupWidths<kLanes...>, int64_t units, int per_lane) {
   int lanes = 0;
-  for (int w : {kWidths...}) {
+  for (int w : {kLanes...}) {
     if (lanes == 0 && units <= static_cast<int64_t>(w) * per_lane) lanes = w;
   }
   return lanes;
 }
 
-// Calls f(std::integral_constant<int, lanes>{}) for the row_group_lanes<kWidths...> choice
-// `lanes` (0: a block per row), so that its kernel is picked at compile time.
-template <int kWidth, int... kWider, typename F>
-decltype(auto) with_row_group_lanes(int lanes, F&& f) {
-  static_assert(kWidth >= 1 && kWidth <= kWarpSize && (kWidth & (kWidth - 1)) == 0, "a power of two up to a warp");
-  if (lanes == kWidth) return f(std::integral_constant<int, kWidth>{});
+// Calls f(std::integral_constant<int, lanes>{}) for a row_group_lanes choice (0: a block per row),
+// so that its kernel is picked at compile time.
+template <int kLanes, int... kWider, typename F>
+decltype(auto) with_row_group_lanes(RowGroupWidths<kLanes, kWider...>, int lanes, F&& f) {
+  if (lanes == kLanes) return f(std::integral_constant<int, kLanes>{});
   if constexpr (sizeof...(kWider) > 0) {
-    return with_row_group_lanes<kWider...>(lanes, static_cast<F&&>(f));
+    return with_row_group_lanes(RowGroupWidths<kWider...>{}, lanes, static_cast<F&&>(f));
   } else {
     return f(std::integral_constant<int, 0>{});
   }

@@ -1,5 +1,6 @@
 // Torch entry points of the normalization family: validate, allocate, and hand the launch to
-// dispatch_dtypes (compiled per fused variant in instances/, on the current stream of x's device).
+// launch_norm (compiled per fused variant in instances/, on the current stream of x's device).
+#include <ATen/cuda/CUDAContext.h>
 #include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAGuard.h>
 
@@ -8,12 +9,12 @@
 #include <tuple>
 
 #include "common/checks.h"
+#include "common/dispatch.h"
 #include "norm/norm_call.h"
 
 namespace transformer_kernels {
 namespace {
 
-using norm_binding::dispatch_dtypes;
 using norm_binding::NormCall;
 using norm_binding::OptTensor;
 
@@ -68,21 +69,82 @@ void check_output(const NormCall& c, const at::Tensor& out, const char* name, c1
        {c.weight, "weight"}, {c.bias, "bias"}, {c.scale, "scale"}, {c.shift, "shift"}});
 }
 
+// The launch's parameters, pointers type-erased (the launchers in instances/ give them types).
+NormLaunch launch_params(const NormCall& c) {
+  const at::Tensor& x = *c.x;
+  NormLaunch l;
+  l.x_type = float_type(x.scalar_type(), "x");
+  const at::Tensor* param = c.weight ? c.weight : c.bias;  // weight and bias share one dtype (checked)
+  l.weight_type = param ? float_type(param->scalar_type(), "weight") : l.x_type;
+  l.out_type = float_type(c.out->scalar_type(), "out");
+  NormParams<void, void, void>& p = l.params;
+  p.x = x.const_data_ptr();
+  p.x_rows = row_indexer(c.op, x, "x");
+  if (c.residual) {
+    p.residual = c.residual->const_data_ptr();
+    p.residual_rows = row_indexer(c.op, *c.residual, c.pre == PreAdd::kGated ? "y" : "residual");
+  }
+  if (c.gate) {
+    p.gate = c.gate->const_data_ptr();
+    p.gate_rows = broadcast_row_indexer(c.op, *c.gate, "gate", x);
+  }
+  if (c.weight) p.weight = c.weight->const_data_ptr();
+  if (c.bias) p.bias = c.bias->const_data_ptr();
+  if (c.scale) {
+    p.scale = c.scale->const_data_ptr();
+    p.scale_rows = broadcast_row_indexer(c.op, *c.scale, "scale", x);
+  }
+  if (c.shift) {
+    p.shift = c.shift->const_data_ptr();
+    p.shift_rows = broadcast_row_indexer(c.op, *c.shift, "shift", x);
+  }
+  p.out = c.out->data_ptr();
+  p.out_rows = row_indexer(c.op, *c.out, "out");
+  if (c.h_out) {
+    p.h_out = c.h_out->data_ptr();
+    p.h_rows = row_indexer(c.op, *c.h_out, "h_out");
+  }
+  p.num_rows = num_rows(x);
+  p.hidden = x.size(-1);
+  p.eps = static_cast<float>(c.eps);
+  p.round_normalized = c.round_normalized;
+  return l;
+}
+
 // The (norm, pre-add, modulation) combinations the ops use; nothing else is instantiated.
+template <NormType kNorm, PreAdd kPre, bool kMod>
+void run(const NormCall& c) {
+  NormLaunch l = launch_params(c);
+  NormParams<void, void, void>& p = l.params;
+  // A few very wide rows are split across blocks, with a workspace for their chunks' statistics
+  // (freed after the launches: the caching allocator reuses it only for later work on this stream).
+  // The modulated norms do not split rows (norm.cuh).
+  at::Tensor split_stats;
+  if constexpr (!kMod)
+    p.split_chunks = norm_split_chunks(p.num_rows, p.hidden, at::cuda::getCurrentDeviceProperties()->multiProcessorCount);
+  if (p.split_chunks > 1) {
+    split_stats = at::empty({p.num_rows * p.split_chunks * kChunkStatFloats}, c.x->options().dtype(at::kFloat));
+    p.split_stats = split_stats.data_ptr<float>();
+    p.split_chunk_elems = NormPolicy::kSplitChunkElems;
+  }
+  const cudaError_t err = launch_norm<kNorm, kPre, kMod>(l, at::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, c.op, ": kernel launch failed: ", cudaGetErrorString(err));
+}
+
 void launch(const NormCall& c) {
   const at::cuda::OptionalCUDAGuard device_guard(c.x->device());
   const bool mod = c.scale != nullptr;
   using N = NormType;
   using P = PreAdd;
-  if (c.type == N::kRms && c.pre == P::kNone && !mod) return dispatch_dtypes<N::kRms, P::kNone, false>(c);
-  if (c.type == N::kRms && c.pre == P::kNone && mod) return dispatch_dtypes<N::kRms, P::kNone, true>(c);
-  if (c.type == N::kRms && c.pre == P::kResidual && !mod) return dispatch_dtypes<N::kRms, P::kResidual, false>(c);
-  if (c.type == N::kRms && c.pre == P::kResidual && mod) return dispatch_dtypes<N::kRms, P::kResidual, true>(c);
-  if (c.type == N::kRms && c.pre == P::kGated && mod) return dispatch_dtypes<N::kRms, P::kGated, true>(c);
-  if (c.type == N::kLayer && c.pre == P::kNone && !mod) return dispatch_dtypes<N::kLayer, P::kNone, false>(c);
-  if (c.type == N::kLayer && c.pre == P::kNone && mod) return dispatch_dtypes<N::kLayer, P::kNone, true>(c);
-  if (c.type == N::kLayer && c.pre == P::kResidual && mod) return dispatch_dtypes<N::kLayer, P::kResidual, true>(c);
-  if (c.type == N::kLayer && c.pre == P::kGated && mod) return dispatch_dtypes<N::kLayer, P::kGated, true>(c);
+  if (c.type == N::kRms && c.pre == P::kNone && !mod) return run<N::kRms, P::kNone, false>(c);
+  if (c.type == N::kRms && c.pre == P::kNone && mod) return run<N::kRms, P::kNone, true>(c);
+  if (c.type == N::kRms && c.pre == P::kResidual && !mod) return run<N::kRms, P::kResidual, false>(c);
+  if (c.type == N::kRms && c.pre == P::kResidual && mod) return run<N::kRms, P::kResidual, true>(c);
+  if (c.type == N::kRms && c.pre == P::kGated && mod) return run<N::kRms, P::kGated, true>(c);
+  if (c.type == N::kLayer && c.pre == P::kNone && !mod) return run<N::kLayer, P::kNone, false>(c);
+  if (c.type == N::kLayer && c.pre == P::kNone && mod) return run<N::kLayer, P::kNone, true>(c);
+  if (c.type == N::kLayer && c.pre == P::kResidual && mod) return run<N::kLayer, P::kResidual, true>(c);
+  if (c.type == N::kLayer && c.pre == P::kGated && mod) return run<N::kLayer, P::kGated, true>(c);
   TORCH_CHECK(false, c.op, ": unsupported norm/pre-add/modulation combination");
 }
 

@@ -46,25 +46,31 @@ int block_threads(int64_t vecs) {
   return std::min({kMaxBlockThreads, limit, warps_covering(vecs, Op::template cached_vecs<0>())});
 }
 
-// Row groups of Policy::kSmallGroup lanes or a warp for rows that fit them, a block per row beyond;
-// split rows: two launches over (chunk, row), the statistics first.
+// Row groups (Policy::RowGroups) for rows that fit them, a block per row beyond;
+// split rows (p.split_chunks > 1): two launches over (chunk, row), the statistics first. These are
+// compiled for the 16-byte path of the unmodulated norms; the modulated norms (DiT blocks: rows of
+// 1536 and more in every supported model) and the scalar path (misaligned views) take a block per
+// whole row at every width (NOTES.md §Build size and instantiations).
 template <typename Op, int kVec>
 cudaError_t launch(const typename Op::Params& p, cudaStream_t stream) {
   using Policy = typename Op::policy;
+  constexpr bool kEverySchedule = kVec > 1 && !Op::kModulated;
   const int64_t num_vecs = p.hidden / kVec;
-  if (p.split_chunks > 1) {
-    constexpr auto kStats = norm_kernel<Op, kVec, 0, NormPass::kChunkStats>();
-    constexpr auto kFromStats = norm_kernel<Op, kVec, 0, NormPass::kChunkFromStats>();
-    const int64_t chunk_vecs = p.split_chunk_elems / kVec;
-    const dim3 grid(static_cast<unsigned>(p.split_chunks), static_cast<unsigned>(p.num_rows));
-    kStats<<<grid, block_threads<Op, kStats>(chunk_vecs), 0, stream>>>(p);
-    kFromStats<<<grid, block_threads<Op, kFromStats>(chunk_vecs), 0, stream>>>(p);
-    return cudaGetLastError();
+  if constexpr (kEverySchedule) {
+    if (p.split_chunks > 1) {
+      constexpr auto kStats = norm_kernel<Op, kVec, 0, NormPass::kChunkStats>();
+      constexpr auto kFromStats = norm_kernel<Op, kVec, 0, NormPass::kChunkFromStats>();
+      const int64_t chunk_vecs = p.split_chunk_elems / kVec;
+      const dim3 grid(static_cast<unsigned>(p.split_chunks), static_cast<unsigned>(p.num_rows));
+      kStats<<<grid, block_threads<Op, kStats>(chunk_vecs), 0, stream>>>(p);
+      kFromStats<<<grid, block_threads<Op, kFromStats>(chunk_vecs), 0, stream>>>(p);
+      return cudaGetLastError();
+    }
   }
-  constexpr int kSmall = Policy::kSmallGroup;
-  const int lanes = row_group_lanes<kSmall, kWarpSize>(num_vecs, Op::template cached_vecs<kSmall>());
-  with_row_group_lanes<kSmall, kWarpSize>(lanes, [&](auto lanes_tag) {
-    constexpr int kLanes = decltype(lanes_tag)::value;
+  using Groups = typename Policy::RowGroups;
+  const int lanes = kEverySchedule ? row_group_lanes(Groups{}, num_vecs, Op::template cached_vecs<kWarpSize>()) : 0;
+  with_row_group_lanes(Groups{}, lanes, [&](auto lanes_tag) {
+    constexpr int kLanes = kEverySchedule ? decltype(lanes_tag)::value : 0;
     constexpr auto kKernel = norm_kernel<Op, kVec, kLanes>();
     if constexpr (kLanes == 0) {
       kKernel<<<grid_for(p.num_rows, 1), block_threads<Op, kKernel>(num_vecs), 0, stream>>>(p);
@@ -92,8 +98,9 @@ bool vectorizable(const NormParams<T, W, O>& p, int vec) {
 }  // namespace norm_detail
 
 // Host launcher: 16-byte vectors when every pointer and row stride allows it, scalar otherwise.
-// kMod requires p.scale (p.shift optional); without kMod scale and shift are ignored. Split rows
-// (p.split_chunks > 1, from norm_split_chunks) need p.split_stats and two launches.
+// kMod requires p.scale (p.shift optional); without kMod scale and shift are ignored. p.split_chunks
+// > 1 (from norm_split_chunks) needs p.split_stats and lets the 16-byte path of the unmodulated
+// norms split rows (two launches).
 template <NormType kNorm, PreAdd kPre, bool kMod, typename Policy = NormPolicy, typename T, typename weight_t,
           typename out_t>
 cudaError_t norm(const NormParams<T, weight_t, out_t>& p, cudaStream_t stream) {

@@ -1,6 +1,6 @@
-// What the norm bindings hand to the kernel dispatch: one launch's tensors. The dispatch for each
-// (norm, pre-add, modulation) combination is compiled in its own file under instances/ (they build
-// in parallel); norm.cu validates and calls dispatch_dtypes.
+// What the norm bindings build for one launch: its tensors (NormCall), and the torch-free
+// launchers they call, one per (norm, pre-add, modulation) combination, compiled in instances/
+// (norm_instances.cuh).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -36,10 +36,11 @@ struct NormCall {
       : op(op_), type(type_), x(&x_), out(&out_), eps(eps_) {}
 };
 
-// Picks the kernel for x's dtype (weight = x's or fp32; out = x's or fp32) and launches it on the
-// current stream. Instantiated in instances/*.cu for the combinations the ops use.
-template <NormType kNorm, PreAdd kPre, bool kMod>
-void dispatch_dtypes(const NormCall& c);
-
 }  // namespace norm_binding
+
+// Launches the kernel for l's dtypes on `stream` (norm_instances.cuh); instantiated in instances/*.cu
+// for the combinations the ops use.
+template <NormType kNorm, PreAdd kPre, bool kMod>
+cudaError_t launch_norm(const NormLaunch& l, cudaStream_t stream);
+
 }  // namespace transformer_kernels

@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "common/schedule.cuh"
+
 namespace transformer_kernels {
 
 struct NormPolicy {
@@ -17,8 +19,9 @@ struct NormPolicy {
   static constexpr int kFusedCachedVecs = 4;
   // Threads of a block in the row-group modes (several rows a block). NOTES.md §norm
   static constexpr int kGroupBlockThreads = 256;
-  // Lanes of the narrowest row group: head-dim norms (128 bf16 = 16 vectors, 4 a lane). NOTES.md §norm
-  static constexpr int kSmallGroup = 4;
+  // Row groups: 4 lanes for head-dim norms (128 bf16 = 16 vectors, 4 a lane), a warp up to 32
+  // lanes' cached vectors; a block per row beyond. NOTES.md §norm
+  using RowGroups = RowGroupWidths<4, 32>;
   // Registers of the modulated RMSNorms (ptxas picks 72-88): at 64 more rows fit per SM. NOTES.md §norm
   static constexpr int kModulatedRmsRegisterCap = 64;
   // Rows wider than this and fewer than two per SM are split over blocks (else SMs idle). NOTES.md §norm

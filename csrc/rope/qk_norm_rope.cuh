@@ -273,36 +273,73 @@ cudaError_t block_per_group(const Params& p, dim3 grid, int threads, cudaStream_
   return cudaGetLastError();
 }
 
-// The narrowest lane group that holds the row, so that no lane of a short row (one head) idles; a
-// block per row beyond, Policy::kBlockCachedVecs a thread where the row fits, kCachedVecs beyond.
-// The choice depends on the row alone, so every form splits a row the same way.
+// How a row is scheduled: in a row group of `lanes` lanes (each holding Policy::kCachedVecs), the
+// narrowest of Policy::RowGroups that holds it, so that no lane of a short row (one head) idles; else (lanes 0) a block of `threads` per row, each holding Policy::kBlockCachedVecs where
+// the row fits (few_vecs), kCachedVecs beyond. The choice depends on the row alone, so every form
+// splits a row the same way. Row groups are compiled for the 16-byte path only: misaligned views
+// take a block per row (NOTES.md §Build size and instantiations).
+struct QkNormRopeSchedule {
+  int lanes;
+  bool few_vecs;
+  int threads;
+};
+
+template <typename Policy, QkNormRopeForm kForm, int kVec>
+QkNormRopeSchedule qk_norm_rope_schedule(int width, bool row_groups) {
+  constexpr int kCachedUnits = Policy::kCachedVecs / vecs_per_unit(kForm);
+  constexpr int kBlockUnits = std::max(1, Policy::kBlockCachedVecs / vecs_per_unit(kForm));
+  const int num_units = width / (kVec * vecs_per_unit(kForm));
+  QkNormRopeSchedule s;
+  s.lanes = row_groups ? row_group_lanes(typename Policy::RowGroups{}, num_units, kCachedUnits) : 0;
+  s.few_vecs = warps_covering(num_units, kBlockUnits) <= kMaxBlockThreads;
+  // at most kMaxBlockThreads with kCachedUnits: the binding checks the width (qk_norm_rope_max_width)
+  s.threads = warps_covering(num_units, s.few_vecs ? kBlockUnits : kCachedUnits);
+  return s;
+}
+
+// Block-per-row kernels hold kBlockVecs (few) or Policy::kCachedVecs a thread.
+template <typename Policy, QkNormRopeForm kForm>
+constexpr int block_few_vecs() {
+  return std::max(1, Policy::kBlockCachedVecs / vecs_per_unit(kForm)) * vecs_per_unit(kForm);
+}
+
+// Launches the kernels of one vector width for groups of kRows rows, as qk_norm_rope_schedule says.
 template <typename Policy, QkNormRopeForm kForm, CosSinSource kSource, typename T, typename weight_t,
           typename table_t, int kVec, int kRows>
 cudaError_t launch(const QkNormRopeParams<T, weight_t, table_t>& p, cudaStream_t stream) {
-  constexpr int kCachedVecs = Policy::kCachedVecs;
-  constexpr int kCachedUnits = kCachedVecs / vecs_per_unit(kForm);
+  constexpr bool kRowGroups = kVec == vec_size<T>();
+  const QkNormRopeSchedule s = qk_norm_rope_schedule<Policy, kForm, kVec>(p.width, kRowGroups);
   const int64_t groups = p.qk.num_rows() / kRows;
-  const int num_units = p.width / (kVec * vecs_per_unit(kForm));
-  constexpr int kSmall = Policy::kSmallGroup;
-  const int lanes = row_group_lanes<kSmall, 8, 16, kWarpSize>(num_units, kCachedUnits);
-  return with_row_group_lanes<kSmall, 8, 16, kWarpSize>(lanes, [&](auto lanes_tag) {
+  return with_row_group_lanes(typename Policy::RowGroups{}, s.lanes, [&](auto lanes_tag) {
     constexpr int kLanes = decltype(lanes_tag)::value;
-    if constexpr (kLanes > 0) {
-      qk_norm_rope_kernel<Policy, kForm, kSource, T, weight_t, table_t, kVec, kLanes, kCachedVecs, kRows>()
+    if constexpr (kRowGroups && kLanes > 0) {
+      qk_norm_rope_kernel<Policy, kForm, kSource, T, weight_t, table_t, kVec, kLanes, Policy::kCachedVecs, kRows>()
           <<<grid_for(groups, Policy::kGroupBlockThreads / kLanes), Policy::kGroupBlockThreads, 0, stream>>>(p);
       return cudaGetLastError();
     } else {
-      constexpr int kBlockUnits = std::max(1, Policy::kBlockCachedVecs / vecs_per_unit(kForm));
       constexpr auto kFewVecs = qk_norm_rope_kernel<Policy, kForm, kSource, T, weight_t, table_t, kVec, 0,
-                                                    kBlockUnits * vecs_per_unit(kForm), kRows>();
+                                                    block_few_vecs<Policy, kForm>(), kRows>();
       constexpr auto kAllVecs =
-          qk_norm_rope_kernel<Policy, kForm, kSource, T, weight_t, table_t, kVec, 0, kCachedVecs, kRows>();
-      if (warps_covering(num_units, kBlockUnits) <= kMaxBlockThreads)
-        return block_per_group<kFewVecs>(p, grid_for(groups, 1), warps_covering(num_units, kBlockUnits), stream);
-      // at most kMaxBlockThreads: the binding checks the width (qk_norm_rope_max_width)
-      return block_per_group<kAllVecs>(p, grid_for(groups, 1), warps_covering(num_units, kCachedUnits), stream);
+          qk_norm_rope_kernel<Policy, kForm, kSource, T, weight_t, table_t, kVec, 0, Policy::kCachedVecs, kRows>();
+      return s.few_vecs ? block_per_group<kFewVecs>(p, grid_for(groups, 1), s.threads, stream)
+                        : block_per_group<kAllVecs>(p, grid_for(groups, 1), s.threads, stream);
     }
   });
+}
+
+// q's and k's row of a token in one block (diffusers' table form, 16-byte path, one norm group
+// each: LTX), its cos/sin loaded once for both, where the row takes a block of few vectors a
+// thread (LTX's rows). cudaErrorLaunchOutOfResources where that does not apply, or where the
+// kernel's registers do not allow the threads the row needs: the caller then takes one row a group
+// (the same lanes and bits for each row).
+template <typename Policy, QkNormRopeForm kForm, typename T, typename weight_t, typename table_t>
+cudaError_t launch_shared_tables(const QkNormRopeParams<T, weight_t, table_t>& p, cudaStream_t stream) {
+  constexpr int kVec = vec_size<T>();
+  const QkNormRopeSchedule s = qk_norm_rope_schedule<Policy, kForm, kVec>(p.width, /*row_groups=*/true);
+  if (s.lanes != 0 || !s.few_vecs) return cudaErrorLaunchOutOfResources;
+  constexpr auto kKernel = qk_norm_rope_kernel<Policy, kForm, CosSinSource::kTables, T, weight_t, table_t, kVec, 0,
+                                               block_few_vecs<Policy, kForm>(), 2>();
+  return block_per_group<kKernel>(p, grid_for(p.qk.num_rows() / 2, 1), s.threads, stream);
 }
 
 }  // namespace qk_norm_rope_detail
@@ -338,17 +375,15 @@ cudaError_t qk_norm_rope(const QkNormRopeParams<T, weight_t, table_t>& p, cudaSt
   constexpr int kMinVec = qk_norm_rope_detail::min_vec(kForm);
   using qk_norm_rope_detail::launch;
   // q's and k's row of a token in one group when each has one norm group: the coordinate form
-  // computes the token's sines once; diffusers' table form loads its cos/sin rows once. The
-  // shared-table kernels hold two rows a thread: where their block cannot have the threads a row
-  // needs, the row takes one row a group.
+  // computes the token's sines once (always); diffusers' table form loads its cos/sin rows once
+  // (launch_shared_tables).
   constexpr int kCoordsRows = rows_per_group<Policy>(kSource);
   constexpr bool kCanShareTables =
       Policy::kShareTables && kSource == CosSinSource::kTables && kForm == QkNormRopeForm::kDiffusers;
   const bool vectorized = qk_norm_rope_aligned<kForm, kSource, kVec>(p);
   if constexpr (kCanShareTables) {
-    if (p.qk.num_q_heads == 1 && p.qk.num_k_heads == 1) {
-      const cudaError_t err = vectorized ? launch<Policy, kForm, kSource, T, weight_t, table_t, kVec, 2>(p, stream)
-                                         : launch<Policy, kForm, kSource, T, weight_t, table_t, kMinVec, 2>(p, stream);
+    if (vectorized && p.qk.num_q_heads == 1 && p.qk.num_k_heads == 1) {
+      const cudaError_t err = qk_norm_rope_detail::launch_shared_tables<Policy, kForm>(p, stream);
       if (err != cudaErrorLaunchOutOfResources) return err;
     }
   }

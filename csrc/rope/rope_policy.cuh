@@ -4,6 +4,8 @@
 // §rope.
 #pragma once
 
+#include "common/schedule.cuh"
+
 namespace transformer_kernels {
 
 struct RopePolicy {
@@ -33,8 +35,9 @@ struct QkNormRopePolicy {
   static constexpr bool kShareTables = true;
   // Threads of a block in the row-group modes. NOTES.md §rope
   static constexpr int kGroupBlockThreads = 256;
-  // Lanes of the narrowest row group. NOTES.md §rope
-  static constexpr int kSmallGroup = 4;
+  // Row groups: the narrowest that holds a row (4 lanes: one head of 128 bf16), else a warp; a
+  // block per row beyond. NOTES.md §rope
+  using RowGroups = RowGroupWidths<4, 32>;
   // Rows sharing one computation of cos/sin in LTX's coordinate form: q's and k's (1 or 2). NOTES.md §rope
   static constexpr int kLtxCoordsRows = 2;
 };
