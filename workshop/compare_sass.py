@@ -53,12 +53,12 @@ def find_cuobjdump(explicit: str | None) -> str:
     raise SystemExit("no cuobjdump found: pass --cuobjdump PATH")
 
 
-def kernels(so: str, arch: str, cuobjdump: str, encodings: bool = False) -> dict[str, str]:
-    """{mangled name: sha1 of the normalised instruction text (or of the encodings)} for the
-    kernels of `arch`."""
+def kernels(so: str, arch: str, cuobjdump: str, encodings: bool = False) -> dict[str, tuple[str, str]]:
+    """{mangled name: (sha1 of the normalised instruction text (or of the encodings), sha1 of the
+    opcodes alone, in order)} for the kernels of `arch`."""
     proc = subprocess.Popen([cuobjdump, "-sass", so], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    out: dict[str, str] = {}
-    name, digest, in_arch = None, None, True
+    out: dict[str, tuple[str, str]] = {}
+    name, digest, opcodes, in_arch = None, None, None, True
     for line in proc.stdout:
         m = ARCH_RE.search(line)
         if m:
@@ -67,19 +67,22 @@ def kernels(so: str, arch: str, cuobjdump: str, encodings: bool = False) -> dict
         m = FUNCTION_RE.match(line)
         if m:
             if name is not None:
-                out[name] = digest.hexdigest()
-            name, digest = (m.group(1), hashlib.sha1()) if in_arch else (None, None)
+                out[name] = (digest.hexdigest(), opcodes.hexdigest())
+            name, digest, opcodes = (m.group(1), hashlib.sha1(), hashlib.sha1()) if in_arch else (None, None, None)
             continue
         if name is not None:
+            m = INSTRUCTION_RE.match(line)
+            if m:
+                text = re.sub(r"\s+", " ", m.group(1)).strip()
+                # the opcode, after any predicate (@P0, @!P1)
+                opcodes.update((text.split(" ")[1] if text.startswith("@") else text.split(" ")[0]).encode() + b"\n")
+                if not encodings:
+                    digest.update(text.encode() + b"\n")
             if encodings:
                 for word in ENCODING_RE.findall(line):
                     digest.update(word.encode())
-                continue
-            m = INSTRUCTION_RE.match(line)
-            if m:
-                digest.update(re.sub(r"\s+", " ", m.group(1)).encode() + b"\n")
     if name is not None:
-        out[name] = digest.hexdigest()
+        out[name] = (digest.hexdigest(), opcodes.hexdigest())
     proc.wait()
     return out
 
@@ -167,15 +170,15 @@ def main() -> None:
             continue
         b = candidates[0]
         paired_base.add(b)
-        (identical if base[b] == new[n] else changed).append((b, n))
+        (identical if base[b][0] == new[n][0] else changed).append((b, n))
     unpaired_base = {b for b in base if b not in paired_base}
     by_code = collections.defaultdict(list)
     for b in unpaired_base:
-        by_code[base[b]].append(b)
+        by_code[base[b][0]].append(b)
     added = []
     for n in unpaired_new:
-        if by_code.get(new[n]):
-            b = by_code[new[n]].pop()
+        if by_code.get(new[n][0]):
+            b = by_code[new[n][0]].pop()
             unpaired_base.discard(b)
             renamed.append((b, n))
         else:
@@ -187,7 +190,9 @@ def main() -> None:
           f"{len(new)} in NEW")
     print(f"  identical SASS, same name:    {len(identical)}")
     print(f"  identical SASS, other name:   {len(renamed)}")
+    same_opcodes = [pair for pair in changed if base[pair[0]][1] == new[pair[1]][1]]
     print(f"  changed SASS:                 {len(changed)}")
+    print(f"    of which the same opcodes in the same order (operands differ): {len(same_opcodes)}")
     print(f"  removed (in BASE only):       {len(removed)}")
     print(f"  added (in NEW only):          {len(added)}")
     wanted = set(args.list.split(",")) if args.list else set()
@@ -198,7 +203,8 @@ def main() -> None:
     sections = [
         ("identical", identical, lambda p: names[p[1]]),
         ("renamed", renamed, lambda p: f"{names[p[0]]}\n      -> {names[p[1]]}"),
-        ("changed", changed, lambda p: f"{names[p[1]]}  (registers {regs(base_regs, p[0])} -> {regs(new_regs, p[1])})"),
+        ("changed", changed, lambda p: f"{names[p[1]]}  (registers {regs(base_regs, p[0])} -> {regs(new_regs, p[1])}"
+                                       f"{'; same opcodes, operands differ' if base[p[0]][1] == new[p[1]][1] else ''})"),
         ("removed", [(b,) for b in removed], lambda p: names[p[0]]),
         ("added", [(n,) for n in added], lambda p: names[p[0]]),
     ]
