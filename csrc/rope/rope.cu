@@ -26,13 +26,7 @@ RopeStyle resolve_style(std::string_view style) {
   TORCH_CHECK_VALUE(false, kOp, ": style must be \"neox\" or \"interleaved\", got \"", style, "\"");
 }
 
-HeadStrides head_strides(const at::Tensor& t) {
-  HeadStrides s;
-  s.b = t.stride(0);
-  s.s = t.stride(1);
-  s.h = t.stride(2);
-  return s;
-}
+HeadStrides head_strides(const at::Tensor& t) { return {/*b=*/t.stride(0), /*s=*/t.stride(1), /*h=*/t.stride(2)}; }
 
 // q, k and their outputs, [B, S, H, d] views, as the kernels address them.
 template <typename T>
