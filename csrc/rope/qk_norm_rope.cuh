@@ -274,8 +274,9 @@ cudaError_t block_per_group(const Params& p, dim3 grid, int threads, cudaStream_
 }
 
 // How a row is scheduled: in a row group of `lanes` lanes (each holding Policy::kCachedVecs), the
-// narrowest of Policy::RowGroups that holds it, so that no lane of a short row (one head) idles; else (lanes 0) a block of `threads` per row, each holding Policy::kBlockCachedVecs where
-// the row fits (few_vecs), kCachedVecs beyond. The choice depends on the row alone, so every form
+// narrowest of Policy::RowGroups that holds it, so that no lane of a short row (one head) idles;
+// else (lanes 0) a block of `threads` per row, each holding Policy::kBlockCachedVecs where the row
+// fits (few_vecs), kCachedVecs beyond. The choice depends on the row alone, so every form
 // splits a row the same way. Row groups are compiled for the 16-byte path only: misaligned views
 // take a block per row (NOTES.md §Build size and instantiations).
 struct QkNormRopeSchedule {
@@ -297,7 +298,8 @@ QkNormRopeSchedule qk_norm_rope_schedule(int width, bool row_groups) {
   return s;
 }
 
-// Block-per-row kernels hold kBlockVecs (few) or Policy::kCachedVecs a thread.
+// Vectors a thread of the block-per-row kernel of few vectors holds: Policy::kBlockCachedVecs in
+// whole units.
 template <typename Policy, QkNormRopeForm kForm>
 constexpr int block_few_vecs() {
   return std::max(1, Policy::kBlockCachedVecs / vecs_per_unit(kForm)) * vecs_per_unit(kForm);
