@@ -37,9 +37,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 
-# Compute capabilities we ship for: T4 (7.5), A100 (8.0), A10/3090 (8.6), L4/4090 (8.9),
-# H100/H200 (9.0), B200 (10.0), RTX 50 (12.0); intersected with what nvcc supports.
-RELEASE_CAPABILITIES = ["7.5", "8.0", "8.6", "8.9", "9.0", "10.0", "12.0"]
+# Compute capabilities we ship SASS for: T4 (7.5), A100 (8.0), A10/3090 (8.6), H100/H200 (9.0),
+# B200 (10.0), RTX 50 (12.0), and the newest's PTX for later GPUs; intersected with what nvcc supports.
+# L4/4090 (8.9) run the 8.6 cubin (same major: binary compatible): nvcc 13 emits the same machine
+# code for sm_86 and sm_89 (encodings compared, workshop/compare_sass.py --encodings), so a sm_89
+# cubin would only add build time and size (benchmarks/NOTES.md §Build size and instantiations).
+RELEASE_CAPABILITIES = ["7.5", "8.0", "8.6", "9.0", "10.0", "12.0"]
 
 KERNEL_NAME_RE = re.compile(r"^[a-z][-a-z0-9]*[a-z0-9]$")
 EDITION = 5
@@ -300,9 +303,10 @@ def build(archs_spec: str = "all", jobs: int | None = None, root: Path = ROOT, v
     gen.mkdir(parents=True, exist_ok=True)
     sources = [root / s for s in cfg.sources if Path(s).suffix in SOURCE_SUFFIXES]
     binding_sources = [root / s for s in cfg.binding_sources if Path(s).suffix in SOURCE_SUFFIXES]
-    # build.toml's cuda-flags, plus TK_CUDA_FLAGS for local tuning experiments (never for releases)
-    cuda_flags = " ".join([f for k in cfg.kernels.values() for f in k.get("cuda-flags", [])]
-                          + os.environ.get("TK_CUDA_FLAGS", "").split())
+    # build.toml's cuda-flags, each once, for every source. Nothing else changes the kernels: a build
+    # carries its git tree's op id only when it compiles that tree's kernels (variants of the tuning
+    # policies live in the kernel lab, workshop/lab, never in a build of the extension).
+    cuda_flags = " ".join(dict.fromkeys(f for k in cfg.kernels.values() for f in k.get("cuda-flags", [])))
     write_if_changed(gen / "CMakeLists.txt", render("CMakeLists.txt.in", {
         "PYTHON_NAME": cfg.python_name,
         "OPS_NAME": ops_name,

@@ -75,8 +75,6 @@ std::tuple<torch::Tensor, torch::Tensor> hf_rope(const torch::Tensor& q, const t
                                                  int64_t unsqueeze_dim);
 void hf_rope_(torch::Tensor& q, torch::Tensor& k, const torch::Tensor& cos, const torch::Tensor& sin,
               int64_t unsqueeze_dim);
-// vLLM's rotary_embedding, in place: positions [T] int64; query [T, Hq*d] or [T, Hq, d], key likewise;
-// cos_sin_cache [max_position, R] (R/2 cosines then R/2 sines per row), query's dtype or float32
 // RMSNorm then interleaved RoPE of q [B, S, Gq, L] and k [B, S, Gk, L]; weights [L] (q's dtype or
 // float32); cos, sin float32 [B or 1, S, L]; returns new (q, k)
 std::tuple<torch::Tensor, torch::Tensor> qk_norm_rope(const torch::Tensor& q, const torch::Tensor& k,
@@ -92,6 +90,8 @@ std::tuple<torch::Tensor, torch::Tensor> hf_qk_norm_rope(const torch::Tensor& q,
 void hf_qk_norm_rope_out(torch::Tensor& q_out, torch::Tensor& k_out, const torch::Tensor& q, const torch::Tensor& k,
                          const torch::Tensor& q_weight, const torch::Tensor& k_weight, double eps,
                          const torch::Tensor& cos, const torch::Tensor& sin);
+// vLLM's rotary_embedding, in place: positions [T] int64; query [T, Hq*d] or [T, Hq, d], key likewise;
+// cos_sin_cache [max_position, R] (R/2 cosines then R/2 sines per row), query's dtype or float32
 void rope_cached_(const torch::Tensor& positions, torch::Tensor& query, torch::Tensor& key, int64_t head_size,
                   const torch::Tensor& cos_sin_cache, std::string_view style);
 // LTX-Video's forms with cos/sin computed from coordinates: q, k [B, S, C] (C even); grid

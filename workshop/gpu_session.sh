@@ -11,9 +11,8 @@
 #   NCU_S=90 adds Nsight Compute counters of our kernels (workshop/gpu_ncu.sh -> ncu.csv)
 #   MICRO_READ_S=120 adds the micro-benchmarks with L2 flushed by a read (bench_micro --flush read)
 #   PYTEST_ARGS="tests/test_rope.py" runs part of the suite (a short confirming run)
-#   AB_FLAGS="-DTK_FUSED_CACHED_VECS=2" AB_OPS="modulate fused_add_rms_norm" ...   adds an A/B stage
-#   LAB_VARIANTS="default=;fused2=-DTK_FUSED_CACHED_VECS=2" LAB_CASES="norm" ...   kernel-lab variants
-#     (workshop/lab/kernel_lab.cu built per variant: no extension rebuild), after the build
+#   LAB_VARIANTS="norm_fused_vecs_2,act_vecs_2" LAB_CASES="norm gelu" ...   the kernel lab's policy variants
+#     side by side (workshop/lab/kernel_lab.cu, one binary; LAB_VARIANTS=all for every one), after the build
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="$1"; shift
@@ -41,9 +40,10 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --f
 "$PYTHON" -c "import importlib.metadata as m; print({p: m.version(p) for p in ('torch', 'transformers', 'diffusers', 'kernels', 'accelerate')})" >> "$R/gpu.txt" 2>&1
 stage build "${BUILD_S:-240}" "$PYTHON" tools/build_kernel.py --archs native
 tail -3 "$R/build.log"
-if [ -n "${LAB_VARIANTS:-}" ]; then  # kernel-lab variants (workshop/gpu_lab.sh), ';'-separated name=FLAGS
-  IFS=';' read -ra lab_variants <<< "$LAB_VARIANTS"
-  stage lab "${LAB_S:-150}" bash workshop/gpu_lab.sh "$R/lab.txt" "${lab_variants[@]}" -- ${LAB_CASES:-}
+if [ -n "${LAB_VARIANTS:-}" ]; then  # kernel-lab variants (workshop/gpu_lab.sh), comma-separated names
+  lab_variants=()
+  [ "$LAB_VARIANTS" = all ] || lab_variants=(--variants "$LAB_VARIANTS")
+  stage lab "${LAB_S:-300}" bash workshop/gpu_lab.sh "$R/lab.txt" "${lab_variants[@]}" ${LAB_CASES:-}
 fi
 stage tests "${TESTS_S:-240}" "$PYTHON" -m pytest -v --tb=short -p no:cacheprovider --maxfail=200 ${PYTEST_ARGS:-}
 grep -v " PASSED" "$R/tests.log" | grep -E "FAILED|ERROR|passed|failed" | tail -40
@@ -55,10 +55,6 @@ stage ncu "${NCU_S:-0}" bash workshop/gpu_ncu.sh "$R/ncu.csv"
 stage micro "${MICRO_S:-200}" "$PYTHON" benchmarks/bench_micro.py --out "$R" "$@"
 # The same with L2 flushed by a read (clean): what the memset flush's dirty lines cost each kernel.
 stage micro_read_flush "${MICRO_READ_S:-0}" "$PYTHON" benchmarks/bench_micro.py --flush read --out "$R" "$@"
-if [ -n "${AB_FLAGS:-}" ]; then  # A/B of a tuning macro (workshop/gpu_ab.sh), results in $R/ab-ab/
-  stage ab "${AB_S:-180}" bash workshop/gpu_ab.sh "$R" ab "$AB_FLAGS" --ops ${AB_OPS:-modulate}
-  echo "$AB_FLAGS" > "$R/ab-ab/flags.txt"
-fi
 stage ltx "${LTX_S:-0}" "$PYTHON" benchmarks/bench_ltx.py --matrix --num-frames 49 --height 512 --width 768 \
   --steps 10 --warmup-iterations 1 --out "$R"
 stage ltx_pipeline "${PIPELINE_S:-0}" "$PYTHON" benchmarks/bench_ltx.py --pipeline --num-frames 49 --height 512 \

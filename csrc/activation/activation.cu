@@ -13,21 +13,26 @@
 namespace transformer_kernels {
 namespace {
 
-// One launch: raw operands with their row addressing, all on x's device with x's dtype.
+// One launch: raw operands with their row addressing, all on x's device with x's dtype (the
+// operands as ElementwiseParams names them; absent ones null).
 struct ElementwiseCall {
   const char* op;
   Elementwise kind;
   Activation act;
-  const at::Tensor* x;  // decides device and dtype
-  const void* a;
-  RowIndexer a_rows;
-  const void* b = nullptr;
-  RowIndexer b_rows;
-  const void* c = nullptr;
-  RowIndexer c_rows;
+  const at::Tensor* input;  // decides device and dtype
   at::Tensor* out;
   int64_t num_rows;
   int64_t cols;
+  const void* x = nullptr;
+  RowIndexer x_rows;
+  const void* gated = nullptr;
+  RowIndexer gated_rows;
+  const void* gate = nullptr;
+  RowIndexer gate_rows;
+
+  ElementwiseCall(const char* op_, Elementwise kind_, Activation act_, const at::Tensor& input_, at::Tensor& out_,
+                  int64_t num_rows_, int64_t cols_)
+      : op(op_), kind(kind_), act(act_), input(&input_), out(&out_), num_rows(num_rows_), cols(cols_) {}
 };
 
 Activation resolve_activation(const char* op, std::string_view act) {
@@ -39,15 +44,15 @@ Activation resolve_activation(const char* op, std::string_view act) {
 
 template <Elementwise kOp, Activation kAct>
 void run(const ElementwiseCall& c) {
-  dispatch_float_dtype(c.x->scalar_type(), "x", [&](auto tag) {
+  dispatch_float_dtype(c.input->scalar_type(), "x", [&](auto tag) {
     using T = typename decltype(tag)::type;
     ElementwiseParams<T> p;
-    p.a = static_cast<const T*>(c.a);
-    p.a_rows = c.a_rows;
-    p.b = static_cast<const T*>(c.b);
-    p.b_rows = c.b_rows;
-    p.c = static_cast<const T*>(c.c);
-    p.c_rows = c.c_rows;
+    p.x = static_cast<const T*>(c.x);
+    p.x_rows = c.x_rows;
+    p.gated = static_cast<const T*>(c.gated);
+    p.gated_rows = c.gated_rows;
+    p.gate = static_cast<const T*>(c.gate);
+    p.gate_rows = c.gate_rows;
     p.out = static_cast<T*>(c.out->data_ptr());
     p.out_rows = row_indexer(c.op, *c.out, "out");
     p.num_rows = c.num_rows;
@@ -67,11 +72,11 @@ void dispatch_activation(const ElementwiseCall& c) {
 }
 
 void launch(const ElementwiseCall& c) {
-  const at::cuda::OptionalCUDAGuard device_guard(c.x->device());
+  const at::cuda::OptionalCUDAGuard device_guard(c.input->device());
   switch (c.kind) {
     case Elementwise::kAct: return dispatch_activation<Elementwise::kAct>(c);
     case Elementwise::kActMul: return dispatch_activation<Elementwise::kActMul>(c);
-    case Elementwise::kGatedAdd: return run<Elementwise::kGatedAdd, Activation::kSilu>(c);  // no activation
+    case Elementwise::kGatedAdd: return run<Elementwise::kGatedAdd, Activation::kNone>(c);
   }
 }
 
@@ -79,8 +84,10 @@ void launch(const ElementwiseCall& c) {
 
 ElementwiseCall activation_call(const at::Tensor& x, std::string_view act, at::Tensor& out) {
   constexpr const char* op = "activation";
-  return {op, Elementwise::kAct, resolve_activation(op, act), &x, x.const_data_ptr(), row_indexer(op, x, "x"),
-          nullptr, {}, nullptr, {}, &out, num_rows(x), x.size(-1)};
+  ElementwiseCall c(op, Elementwise::kAct, resolve_activation(op, act), x, out, num_rows(x), x.size(-1));
+  c.x = x.const_data_ptr();
+  c.x_rows = row_indexer(op, x, "x");
+  return c;
 }
 
 // ---- act(first half) * second half, or the reverse ----
@@ -99,8 +106,12 @@ ElementwiseCall act_and_mul_call(const at::Tensor& x, std::string_view act, bool
   const RowIndexer rows = row_indexer(op, x, "x");
   const char* first = static_cast<const char*>(x.const_data_ptr());
   const char* second = first + h * static_cast<int64_t>(x.element_size());
-  return {op, Elementwise::kActMul, resolve_activation(op, act), &x, act_first ? first : second, rows,
-          act_first ? second : first, rows, nullptr, {}, &out, num_rows(x), h};
+  ElementwiseCall c(op, Elementwise::kActMul, resolve_activation(op, act), x, out, num_rows(x), h);
+  c.gate = act_first ? first : second;  // the activated half
+  c.gate_rows = rows;
+  c.gated = act_first ? second : first;
+  c.gated_rows = rows;
+  return c;
 }
 
 }  // namespace
@@ -139,9 +150,12 @@ ElementwiseCall act_mul_call(const at::Tensor& gate, const at::Tensor& up, std::
   constexpr const char* op = "act_mul";
   check_row_input(op, gate, "gate");
   check_same_as_x(op, up, "up", gate, "gate");
-  return {op, Elementwise::kActMul, resolve_activation(op, act), &gate, gate.const_data_ptr(),
-          row_indexer(op, gate, "gate"), up.const_data_ptr(), row_indexer(op, up, "up"), nullptr, {}, &out,
-          num_rows(gate), gate.size(-1)};
+  ElementwiseCall c(op, Elementwise::kActMul, resolve_activation(op, act), gate, out, num_rows(gate), gate.size(-1));
+  c.gate = gate.const_data_ptr();
+  c.gate_rows = row_indexer(op, gate, "gate");
+  c.gated = up.const_data_ptr();
+  c.gated_rows = row_indexer(op, up, "up");
+  return c;
 }
 
 ElementwiseCall gated_add_call(const at::Tensor& x, const at::Tensor& y, const at::Tensor& gate, at::Tensor& out) {
@@ -149,9 +163,14 @@ ElementwiseCall gated_add_call(const at::Tensor& x, const at::Tensor& y, const a
   check_row_input(op, x, "x");
   check_same_as_x(op, y, "y", x);
   check_broadcasts_to(op, gate, "gate", x);
-  return {op, Elementwise::kGatedAdd, Activation::kSilu, &x, x.const_data_ptr(), row_indexer(op, x, "x"),
-          y.const_data_ptr(), row_indexer(op, y, "y"), gate.const_data_ptr(),
-          broadcast_row_indexer(op, gate, "gate", x), &out, num_rows(x), x.size(-1)};
+  ElementwiseCall c(op, Elementwise::kGatedAdd, Activation::kNone, x, out, num_rows(x), x.size(-1));
+  c.x = x.const_data_ptr();
+  c.x_rows = row_indexer(op, x, "x");
+  c.gated = y.const_data_ptr();
+  c.gated_rows = row_indexer(op, y, "y");
+  c.gate = gate.const_data_ptr();
+  c.gate_rows = broadcast_row_indexer(op, gate, "gate", x);
+  return c;
 }
 }  // namespace
 

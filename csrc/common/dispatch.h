@@ -7,12 +7,9 @@
 #include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>
 
-namespace transformer_kernels {
+#include "common/float_type.h"
 
-template <typename T>
-struct type_tag {
-  using type = T;
-};
+namespace transformer_kernels {
 
 // Calls f(type_tag<T>{}) with T = float, __half or __nv_bfloat16 for dtype float32, float16 or
 // bfloat16; raises TypeError naming `what` for any other dtype. Inside f:
@@ -26,6 +23,13 @@ void dispatch_float_dtype(c10::ScalarType dtype, const char* what, F&& f) {
     default:
       TORCH_CHECK_TYPE(false, what, " must be float32, float16 or bfloat16, got ", dtype);
   }
+}
+
+// The FloatType of a float32, float16 or bfloat16 dtype; raises TypeError naming `what` for any other.
+inline FloatType float_type(c10::ScalarType dtype, const char* what) {
+  FloatType type = FloatType::kFloat32;
+  dispatch_float_dtype(dtype, what, [&](auto tag) { type = float_type_of<typename decltype(tag)::type>(); });
+  return type;
 }
 
 }  // namespace transformer_kernels

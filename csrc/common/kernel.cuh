@@ -1,5 +1,5 @@
 // The __global__ entry points of the op families: one around a kernel's device body, with or
-// without a register cap; and the block size a kernel's registers allow. Torch-free.
+// without a register cap. Torch-free.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -34,17 +34,6 @@ constexpr auto kernel_entry_for() {
   } else {
     return &capped_kernel_entry<kRegisterCap, Params, kBody>;
   }
-}
-
-// The most threads a block of kKernel can have with its register use (cudaFuncAttributes::
-// maxThreadsPerBlock, queried once), in whole warps. `fallback` where the query fails.
-template <auto kKernel>
-int max_block_threads(int fallback) {
-  static const int max_threads = [fallback] {
-    cudaFuncAttributes attr{};
-    return cudaFuncGetAttributes(&attr, kKernel) == cudaSuccess ? attr.maxThreadsPerBlock : fallback;
-  }();
-  return max_threads / kWarpSize * kWarpSize;
 }
 
 }  // namespace transformer_kernels

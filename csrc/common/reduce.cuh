@@ -59,8 +59,8 @@ TK_DEVICE float block_reduce_sum(float v) {
 
 // Sum over the threads that share one row. kThreadsPerRow == 0 means "the whole block"
 // (blockDim.x threads); otherwise an aligned group of kThreadsPerRow <= 32 lanes, `mask` naming
-// the lanes of the warp whose groups have a row (see row_group_mask). The array form sums the N
-// rows a group may hold together, each as the scalar form would.
+// the lanes of the warp whose groups have a row (RowGroup::mask, schedule.cuh). The array form
+// sums the N rows a group may hold together, each as the scalar form would.
 // kBuffer: block_reduce_sum's shared array (block mode).
 template <int kThreadsPerRow, int N, int kBuffer = 0>
 TK_DEVICE void row_reduce_sum(float (&v)[N], unsigned mask = kFullMask) {
@@ -77,39 +77,5 @@ TK_DEVICE float row_reduce_sum(float v, unsigned mask = kFullMask) {
   row_reduce_sum<kThreadsPerRow, 1, kBuffer>(a, mask);
   return a[0];
 }
-
-// Lanes of this thread's warp whose row groups have a row, when groups of kThreadsPerRow lanes
-// take consecutive rows starting at `warp_first_row`: a prefix of the warp. Groups without a row
-// exit early, so shuffles must not name their lanes.
-template <int kThreadsPerRow>
-TK_DEVICE unsigned row_group_mask(int64_t warp_first_row, int64_t num_rows) {
-  if constexpr (kThreadsPerRow == 0 || kThreadsPerRow == kWarpSize) {
-    return kFullMask;
-  } else {
-    const int64_t lanes = (num_rows - warp_first_row) * kThreadsPerRow;
-    return lanes >= kWarpSize ? kFullMask : (1u << lanes) - 1u;
-  }
-}
-
-// Where this thread works when rows are handled by aligned groups of kThreadsPerRow lanes, several
-// rows per block (kThreadsPerRow <= 32), or by a whole block each (kThreadsPerRow == 0).
-template <int kThreadsPerRow>
-struct RowGroup {
-  int lane;       // this thread's index among its row's threads
-  int threads;    // threads per row
-  int64_t row;    // may be >= num_rows: the group then has no row and must leave
-  unsigned mask;  // lanes of this warp whose groups have a row: what row_reduce_sum may name
-
-  TK_DEVICE explicit RowGroup(int64_t num_rows) {
-    const int groups_per_block = kThreadsPerRow == 0 ? 1 : blockDim.x / kThreadsPerRow;
-    lane = kThreadsPerRow == 0 ? threadIdx.x : threadIdx.x % kThreadsPerRow;
-    threads = kThreadsPerRow == 0 ? blockDim.x : kThreadsPerRow;
-    const int64_t block_first_row = static_cast<int64_t>(blockIdx.x) * groups_per_block;
-    row = kThreadsPerRow == 0 ? block_first_row : block_first_row + threadIdx.x / kThreadsPerRow;
-    mask = row_group_mask<kThreadsPerRow>(
-        block_first_row + (threadIdx.x / kWarpSize) * (kWarpSize / (kThreadsPerRow == 0 ? kWarpSize : threads)),
-        num_rows);
-  }
-};
 
 }  // namespace transformer_kernels

@@ -97,8 +97,8 @@ void linear_then_gelu(const at::Tensor& x, const at::Tensor& weight, const OptTe
   dispatch_float_dtype(x.scalar_type(), "x", [&](auto tag) {
     using T = typename decltype(tag)::type;
     ElementwiseParams<T> p;
-    p.a = static_cast<const T*>(pre.const_data_ptr());
-    p.a_rows = row_indexer(kOp, pre, "x @ weight.T");
+    p.x = static_cast<const T*>(pre.const_data_ptr());
+    p.x_rows = row_indexer(kOp, pre, "x @ weight.T");
     p.out = static_cast<T*>(out.data_ptr());
     p.out_rows = row_indexer(kOp, out, "out");
     p.num_rows = num_rows(pre);

@@ -1,5 +1,6 @@
 // Torch entry points of the normalization family: validate, allocate, and hand the launch to
-// dispatch_dtypes (compiled per fused variant in instances/, on the current stream of x's device).
+// launch_norm (compiled per fused variant in instances/, on the current stream of x's device).
+#include <ATen/cuda/CUDAContext.h>
 #include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAGuard.h>
 
@@ -8,12 +9,12 @@
 #include <tuple>
 
 #include "common/checks.h"
+#include "common/dispatch.h"
 #include "norm/norm_call.h"
 
 namespace transformer_kernels {
 namespace {
 
-using norm_binding::dispatch_dtypes;
 using norm_binding::NormCall;
 using norm_binding::OptTensor;
 
@@ -57,14 +58,57 @@ void check_same_param_dtype(const char* op, const OptTensor& weight, const OptTe
                      weight->scalar_type(), " and ", bias->scalar_type());
 }
 
-const at::Tensor* ptr(const OptTensor* t) { return t != nullptr && *t ? &**t : nullptr; }
+// The tensor of an optional argument, or null.
+const at::Tensor* ptr(const OptTensor& t) { return t ? &*t : nullptr; }
 
 // An output the caller passed: x's shape, `dtype`, and no memory shared with any of the call's inputs.
 void check_output(const NormCall& c, const at::Tensor& out, const char* name, c10::ScalarType dtype) {
   transformer_kernels::check_output(
       c.op, out, name, *c.x, c.x->sizes(), dtype,
       {{c.x, "x"}, {c.residual, c.pre == PreAdd::kGated ? "y" : "residual"}, {c.gate, "gate"},
-       {ptr(c.weight), "weight"}, {ptr(c.bias), "bias"}, {c.scale, "scale"}, {ptr(c.shift), "shift"}});
+       {c.weight, "weight"}, {c.bias, "bias"}, {c.scale, "scale"}, {c.shift, "shift"}});
+}
+
+// The launch's parameters, pointers type-erased (the launchers in instances/ give them types).
+NormLaunch launch_params(const NormCall& c) {
+  const at::Tensor& x = *c.x;
+  NormLaunch l;
+  l.x_type = float_type(x.scalar_type(), "x");
+  const at::Tensor* param = c.weight ? c.weight : c.bias;  // weight and bias share one dtype (checked)
+  l.weight_type = param ? float_type(param->scalar_type(), "weight") : l.x_type;
+  l.out_type = float_type(c.out->scalar_type(), "out");
+  NormParams<void, void, void>& p = l.params;
+  p.x = x.const_data_ptr();
+  p.x_rows = row_indexer(c.op, x, "x");
+  if (c.residual) {
+    p.residual = c.residual->const_data_ptr();
+    p.residual_rows = row_indexer(c.op, *c.residual, c.pre == PreAdd::kGated ? "y" : "residual");
+  }
+  if (c.gate) {
+    p.gate = c.gate->const_data_ptr();
+    p.gate_rows = broadcast_row_indexer(c.op, *c.gate, "gate", x);
+  }
+  if (c.weight) p.weight = c.weight->const_data_ptr();
+  if (c.bias) p.bias = c.bias->const_data_ptr();
+  if (c.scale) {
+    p.scale = c.scale->const_data_ptr();
+    p.scale_rows = broadcast_row_indexer(c.op, *c.scale, "scale", x);
+  }
+  if (c.shift) {
+    p.shift = c.shift->const_data_ptr();
+    p.shift_rows = broadcast_row_indexer(c.op, *c.shift, "shift", x);
+  }
+  p.out = c.out->data_ptr();
+  p.out_rows = row_indexer(c.op, *c.out, "out");
+  if (c.h_out) {
+    p.h_out = c.h_out->data_ptr();
+    p.h_rows = row_indexer(c.op, *c.h_out, "h_out");
+  }
+  p.num_rows = num_rows(x);
+  p.hidden = x.size(-1);
+  p.eps = static_cast<float>(c.eps);
+  p.round_normalized = c.round_normalized;
+  return l;
 }
 
 // The dtypes dispatch_dtypes instantiates: the output (and h_out) in x's dtype, or float32 from an
@@ -72,8 +116,8 @@ void check_output(const NormCall& c, const at::Tensor& out, const char* name, c1
 // this; checked again here so that a new caller gets an error, not a skipped or misread launch.
 void check_instantiated_dtypes(const NormCall& c) {
   const c10::ScalarType x_dtype = c.x->scalar_type(), out_dtype = c.out->scalar_type();
-  const at::Tensor* weight = ptr(c.weight);
-  const at::Tensor* bias = ptr(c.bias);
+  const at::Tensor* weight = c.weight;
+  const at::Tensor* bias = c.bias;
   const bool fp32_weight = (weight && weight->scalar_type() == at::kFloat) || (bias && bias->scalar_type() == at::kFloat);
   const bool fp32_out_ok = c.type == NormType::kRms && c.scale == nullptr && fp32_weight;
   TORCH_CHECK(out_dtype == x_dtype || (out_dtype == at::kFloat && fp32_out_ok), c.op, ": no kernel for x of dtype ",
@@ -85,26 +129,101 @@ void check_instantiated_dtypes(const NormCall& c) {
 }
 
 // The (norm, pre-add, modulation) combinations the ops use; nothing else is instantiated.
+template <NormType kNorm, PreAdd kPre, bool kMod>
+void run(const NormCall& c) {
+  NormLaunch l = launch_params(c);
+  NormParams<void, void, void>& p = l.params;
+  // A few very wide rows are split across blocks, with a workspace for their chunks' statistics
+  // (freed after the launches: the caching allocator reuses it only for later work on this stream).
+  // The modulated norms do not split rows (norm.cuh).
+  at::Tensor split_stats;
+  if constexpr (!kMod)
+    p.split_chunks = norm_split_chunks(p.num_rows, p.hidden, at::cuda::getCurrentDeviceProperties()->multiProcessorCount);
+  if (p.split_chunks > 1) {
+    split_stats = at::empty({p.num_rows * p.split_chunks * kChunkStatFloats}, c.x->options().dtype(at::kFloat));
+    p.split_stats = split_stats.data_ptr<float>();
+    p.split_chunk_elems = NormPolicy::kSplitChunkElems;
+  }
+  const cudaError_t err = launch_norm<kNorm, kPre, kMod>(l, at::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, c.op, ": kernel launch failed: ", cudaGetErrorString(err));
+}
+
 void launch(const NormCall& c) {
   check_instantiated_dtypes(c);
   const at::cuda::OptionalCUDAGuard device_guard(c.x->device());
   const bool mod = c.scale != nullptr;
   using N = NormType;
   using P = PreAdd;
-  if (c.type == N::kRms && c.pre == P::kNone && !mod) return dispatch_dtypes<N::kRms, P::kNone, false>(c);
-  if (c.type == N::kRms && c.pre == P::kNone && mod) return dispatch_dtypes<N::kRms, P::kNone, true>(c);
-  if (c.type == N::kRms && c.pre == P::kResidual && !mod) return dispatch_dtypes<N::kRms, P::kResidual, false>(c);
-  if (c.type == N::kRms && c.pre == P::kResidual && mod) return dispatch_dtypes<N::kRms, P::kResidual, true>(c);
-  if (c.type == N::kRms && c.pre == P::kGated && mod) return dispatch_dtypes<N::kRms, P::kGated, true>(c);
-  if (c.type == N::kLayer && c.pre == P::kNone && !mod) return dispatch_dtypes<N::kLayer, P::kNone, false>(c);
-  if (c.type == N::kLayer && c.pre == P::kNone && mod) return dispatch_dtypes<N::kLayer, P::kNone, true>(c);
-  if (c.type == N::kLayer && c.pre == P::kResidual && mod) return dispatch_dtypes<N::kLayer, P::kResidual, true>(c);
-  if (c.type == N::kLayer && c.pre == P::kGated && mod) return dispatch_dtypes<N::kLayer, P::kGated, true>(c);
+  if (c.type == N::kRms && c.pre == P::kNone && !mod) return run<N::kRms, P::kNone, false>(c);
+  if (c.type == N::kRms && c.pre == P::kNone && mod) return run<N::kRms, P::kNone, true>(c);
+  if (c.type == N::kRms && c.pre == P::kResidual && !mod) return run<N::kRms, P::kResidual, false>(c);
+  if (c.type == N::kRms && c.pre == P::kResidual && mod) return run<N::kRms, P::kResidual, true>(c);
+  if (c.type == N::kRms && c.pre == P::kGated && mod) return run<N::kRms, P::kGated, true>(c);
+  if (c.type == N::kLayer && c.pre == P::kNone && !mod) return run<N::kLayer, P::kNone, false>(c);
+  if (c.type == N::kLayer && c.pre == P::kNone && mod) return run<N::kLayer, P::kNone, true>(c);
+  if (c.type == N::kLayer && c.pre == P::kResidual && mod) return run<N::kLayer, P::kResidual, true>(c);
+  if (c.type == N::kLayer && c.pre == P::kGated && mod) return run<N::kLayer, P::kGated, true>(c);
   TORCH_CHECK(false, c.op, ": unsupported norm/pre-add/modulation combination");
 }
 
 at::Tensor empty_like_rows(const at::Tensor& x, c10::ScalarType dtype) {
   return at::empty(x.sizes(), x.options().dtype(dtype));
+}
+
+// ---- each op's launch ----
+
+NormCall rms_norm_call(const at::Tensor& x, const OptTensor& weight, double eps, const RmsRounding& r,
+                       at::Tensor& out) {
+  NormCall c("rms_norm", NormType::kRms, x, out, eps);
+  c.weight = ptr(weight);
+  c.round_normalized = r.round_normalized;
+  return c;
+}
+
+// h = x + residual into h_out (the new residual), out = RMSNorm(h).
+NormCall fused_add_rms_norm_call(const char* op, const at::Tensor& x, const at::Tensor& residual,
+                                 const OptTensor& weight, double eps, const RmsRounding& r, at::Tensor& out,
+                                 at::Tensor& h_out) {
+  NormCall c(op, NormType::kRms, x, out, eps);
+  c.pre = PreAdd::kResidual;
+  c.residual = &residual;
+  c.weight = ptr(weight);
+  c.h_out = &h_out;
+  c.round_normalized = r.round_normalized;
+  return c;
+}
+
+NormCall layer_norm_call(const at::Tensor& x, const OptTensor& weight, const OptTensor& bias, double eps,
+                         at::Tensor& out) {
+  NormCall c("layer_norm", NormType::kLayer, x, out, eps);
+  c.weight = ptr(weight);
+  c.bias = ptr(bias);
+  return c;
+}
+
+// norm(x) * (1 + scale) + shift; the norm's output is rounded to x's dtype first.
+NormCall modulated_call(const char* op, NormType type, const at::Tensor& x, const at::Tensor& scale,
+                        const OptTensor& shift, const OptTensor& weight, const OptTensor& bias, double eps,
+                        at::Tensor& out) {
+  NormCall c(op, type, x, out, eps);
+  c.weight = ptr(weight);
+  c.bias = ptr(bias);
+  c.scale = &scale;
+  c.shift = ptr(shift);
+  c.round_normalized = true;
+  return c;
+}
+
+// h = x + gate * y (or x + y) into h_out, then the modulated norm of h.
+NormCall gated_call(const char* op, NormType type, const at::Tensor& x, const at::Tensor& y, const OptTensor& gate,
+                    const at::Tensor& scale, const OptTensor& shift, const OptTensor& weight, const OptTensor& bias,
+                    double eps, at::Tensor& out, at::Tensor& h_out) {
+  NormCall c = modulated_call(op, type, x, scale, shift, weight, bias, eps, out);
+  c.pre = gate ? PreAdd::kGated : PreAdd::kResidual;
+  c.residual = &y;
+  c.gate = ptr(gate);
+  c.h_out = &h_out;
+  return c;
 }
 
 // ---- rms_norm ----
@@ -142,18 +261,14 @@ NormType check_modulated(const char* op, const at::Tensor& x, const at::Tensor& 
 at::Tensor rms_norm(const at::Tensor& x, const OptTensor& weight, double eps, std::string_view rounding) {
   const RmsRounding r = check_rms_norm("rms_norm", x, weight, eps, rounding);
   at::Tensor out = empty_like_rows(x, r.out_dtype);
-  const OptTensor none;
-  launch({"rms_norm", NormType::kRms, PreAdd::kNone, &x, nullptr, nullptr, &weight, &none, nullptr, nullptr, &out,
-          nullptr, eps, r.round_normalized});
+  launch(rms_norm_call(x, weight, eps, r, out));
   return out;
 }
 
 void rms_norm_out(at::Tensor& out, const at::Tensor& x, const OptTensor& weight, double eps,
                   std::string_view rounding) {
   const RmsRounding r = check_rms_norm("rms_norm", x, weight, eps, rounding);
-  const OptTensor none;
-  const NormCall c{"rms_norm", NormType::kRms, PreAdd::kNone, &x,  nullptr, nullptr, &weight,
-                   &none,      nullptr,        nullptr,       &out, nullptr, eps,    r.round_normalized};
+  const NormCall c = rms_norm_call(x, weight, eps, r, out);
   check_output(c, out, "out", r.out_dtype);
   launch(c);
 }
@@ -165,9 +280,7 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm(const at::Tensor& x, const
   check_same_as_x(op, residual, "residual", x);
   at::Tensor out = empty_like_rows(x, r.out_dtype);
   at::Tensor h = empty_like_rows(x, x.scalar_type());
-  const OptTensor none;
-  launch({op, NormType::kRms, PreAdd::kResidual, &x, &residual, nullptr, &weight, &none, nullptr, nullptr, &out, &h,
-          eps, r.round_normalized});
+  launch(fused_add_rms_norm_call(op, x, residual, weight, eps, r, out, h));
   return {out, h};
 }
 
@@ -177,9 +290,7 @@ void fused_add_rms_norm_out(at::Tensor& out, at::Tensor& residual_out, const at:
   constexpr const char* op = "fused_add_rms_norm";
   const RmsRounding r = check_rms_norm(op, x, weight, eps, rounding);
   check_same_as_x(op, residual, "residual", x);
-  const OptTensor none;
-  const NormCall c{op,      NormType::kRms, PreAdd::kResidual, &x,   &residual,     nullptr, &weight,
-                   &none,   nullptr,        nullptr,           &out, &residual_out, eps,     r.round_normalized};
+  const NormCall c = fused_add_rms_norm_call(op, x, residual, weight, eps, r, out, residual_out);
   check_output(c, out, "out", r.out_dtype);
   check_output(c, residual_out, "residual_out", x.scalar_type());
   check_no_overlap(op, out, "out", residual_out, "residual_out");
@@ -201,9 +312,7 @@ void fused_add_rms_norm_inplace(at::Tensor& x, at::Tensor& residual, const OptTe
   check_no_overlap(op, x, "x", residual, "residual");
   if (weight) check_no_overlap(op, x, "x", *weight, "weight");
   if (weight) check_no_overlap(op, residual, "residual", *weight, "weight");
-  const OptTensor none;
-  launch({op, NormType::kRms, PreAdd::kResidual, &x, &residual, nullptr, &weight, &none, nullptr, nullptr, &x,
-          &residual, eps, r.round_normalized});
+  launch(fused_add_rms_norm_call(op, x, residual, weight, eps, r, x, residual));
 }
 
 // ---- layer_norm ----
@@ -222,16 +331,14 @@ void check_layer_norm(const char* op, const at::Tensor& x, const OptTensor& weig
 at::Tensor layer_norm(const at::Tensor& x, const OptTensor& weight, const OptTensor& bias, double eps) {
   check_layer_norm("layer_norm", x, weight, bias, eps);
   at::Tensor out = empty_like_rows(x, x.scalar_type());
-  launch({"layer_norm", NormType::kLayer, PreAdd::kNone, &x, nullptr, nullptr, &weight, &bias, nullptr, nullptr,
-          &out, nullptr, eps});
+  launch(layer_norm_call(x, weight, bias, eps, out));
   return out;
 }
 
 void layer_norm_out(at::Tensor& out, const at::Tensor& x, const OptTensor& weight, const OptTensor& bias,
                     double eps) {
   check_layer_norm("layer_norm", x, weight, bias, eps);
-  const NormCall c{"layer_norm", NormType::kLayer, PreAdd::kNone, &x,   nullptr, nullptr, &weight,
-                   &bias,        nullptr,          nullptr,       &out, nullptr, eps};
+  const NormCall c = layer_norm_call(x, weight, bias, eps, out);
   check_output(c, out, "out", x.scalar_type());
   launch(c);
 }
@@ -243,8 +350,7 @@ at::Tensor norm_modulate(const at::Tensor& x, const at::Tensor& scale, const Opt
   constexpr const char* op = "norm_modulate";
   const NormType type = check_modulated(op, x, scale, shift, weight, bias, eps, norm);
   at::Tensor out = empty_like_rows(x, x.scalar_type());
-  launch({op, type, PreAdd::kNone, &x, nullptr, nullptr, &weight, &bias, &scale, &shift, &out, nullptr, eps,
-          /*round_normalized=*/true});
+  launch(modulated_call(op, type, x, scale, shift, weight, bias, eps, out));
   return out;
 }
 
@@ -252,8 +358,7 @@ void norm_modulate_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& s
                        const OptTensor& weight, const OptTensor& bias, double eps, std::string_view norm) {
   constexpr const char* op = "norm_modulate";
   const NormType type = check_modulated(op, x, scale, shift, weight, bias, eps, norm);
-  const NormCall c{op, type, PreAdd::kNone, &x, nullptr, nullptr, &weight, &bias, &scale, &shift, &out, nullptr, eps,
-                   true};
+  const NormCall c = modulated_call(op, type, x, scale, shift, weight, bias, eps, out);
   check_output(c, out, "out", x.scalar_type());
   launch(c);
 }
@@ -276,8 +381,7 @@ std::tuple<at::Tensor, at::Tensor> gated_add_norm_modulate(const at::Tensor& x, 
   check_gated(op, x, y, gate);
   at::Tensor h = empty_like_rows(x, x.scalar_type());
   at::Tensor out = empty_like_rows(x, x.scalar_type());
-  launch({op, type, gate ? PreAdd::kGated : PreAdd::kResidual, &x, &y, gate ? &*gate : nullptr, &weight, &bias,
-          &scale, &shift, &out, &h, eps, true});
+  launch(gated_call(op, type, x, y, gate, scale, shift, weight, bias, eps, out, h));
   return {h, out};
 }
 
@@ -287,8 +391,7 @@ void gated_add_norm_modulate_out(at::Tensor& h_out, at::Tensor& out, const at::T
   constexpr const char* op = "gated_add_norm_modulate";
   const NormType type = check_modulated(op, x, scale, shift, weight, bias, eps, norm);
   check_gated(op, x, y, gate);
-  const NormCall c{op,     type,   gate ? PreAdd::kGated : PreAdd::kResidual, &x,   &y,     gate ? &*gate : nullptr,
-                   &weight, &bias, &scale,  &shift, &out, &h_out, eps, true};
+  const NormCall c = gated_call(op, type, x, y, gate, scale, shift, weight, bias, eps, out, h_out);
   check_output(c, out, "out", x.scalar_type());
   check_output(c, h_out, "h_out", x.scalar_type());
   check_no_overlap(op, out, "out", h_out, "h_out");

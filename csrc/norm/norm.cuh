@@ -1,431 +1,83 @@
-// Row normalization over the last dimension, with the fusions diffusion and language
-// transformers use around it. Torch-free: the kernel, its launch heuristics and a host launcher.
-//
-//   h   = x                        (PreAdd::kNone)
-//       | round(x + residual)      (PreAdd::kResidual: LLM decoder layers, vLLM fused_add_rms_norm)
-//       | round(x + round(gate*y)) (PreAdd::kGated: DiT blocks, y the attention/MLP branch output)
-//   n   = RMSNorm(h) with the replaced module's rounding, or LayerNorm(h) computed in fp32
-//   out = n                        (no modulation)
-//       | round(round(round(n) * round(1 + scale)) + shift)   (AdaLN modulation, eager rounding)
-//
-// Rounding steps reproduce the eager PyTorch code op by op (each bf16/fp16 op rounds its result);
-// for float32 tensors they are no-ops. h is written to h_out when given (the new residual).
+// Row normalization with the fusions around it (the formulas: norm_kernel.cuh): the launch
+// heuristics and the host launcher. Torch-free.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
-#include <type_traits>
 
 #include "common/kernel.cuh"
-#include "common/math.cuh"
-#include "common/reduce.cuh"
-#include "common/rows.cuh"
+#include "common/schedule.cuh"
 #include "common/vec.cuh"
+#include "norm/norm_kernel.cuh"
+#include "norm/norm_policy.cuh"
 
 namespace transformer_kernels {
 
-enum class NormType { kRms, kLayer };
-enum class PreAdd { kNone, kResidual, kGated };
-// Whole rows (one row group per row), or rows split into column chunks of a block each (a few very
-// wide rows would otherwise leave most SMs idle): the first kernel writes each chunk's statistics,
-// the second combines a row's statistics and normalizes its chunk.
-enum class NormPass { kWholeRow, kChunkStats, kChunkFromStats };
-
-template <typename T, typename weight_t, typename out_t>
-struct NormParams {
-  const T* x;  // [rows..., hidden]
-  RowIndexer x_rows;
-  const T* residual = nullptr;  // [rows..., hidden]: the residual (kResidual) or the branch output y (kGated)
-  RowIndexer residual_rows;
-  const T* gate = nullptr;  // [rows..., hidden], any broadcast (stride-0) rows: kGated only
-  RowIndexer gate_rows;
-  const weight_t* weight = nullptr;  // [hidden] contiguous, or none
-  const weight_t* bias = nullptr;    // [hidden] contiguous, or none (LayerNorm)
-  const T* scale = nullptr;          // [rows..., hidden] broadcast rows, or none (no modulation)
-  RowIndexer scale_rows;
-  const T* shift = nullptr;  // [rows..., hidden] broadcast rows, or none
-  RowIndexer shift_rows;
-  out_t* out;  // [rows..., hidden]
-  RowIndexer out_rows;
-  T* h_out = nullptr;  // [rows..., hidden] pre-norm sum, or none
-  RowIndexer h_rows;
-  int64_t num_rows;
-  int64_t hidden;
-  float eps;
-  // RMSNorm: round h * inv_rms to T before the weight multiply (HF transformers, diffusers).
-  bool round_normalized = false;
-  // Split rows (norm_split_chunks > 1): each row's chunks of split_chunk_elems columns, and their
-  // statistics [num_rows, split_chunks, kChunkStatFloats] (count, sum of squares or mean, M2).
-  int split_chunks = 1;
-  int split_chunk_elems = 0;
-  float* split_stats = nullptr;
-};
-
-// When rows are split: rows wider than kSplitMinHidden (the issue's ~16 K) and fewer than two per
-// SM, in chunks of kSplitChunkElems columns (a multiple of every vector width).
-constexpr int64_t kSplitMinHidden = 16384;
-constexpr int kSplitChunkElems = 8192;
-constexpr int kChunkStatFloats = 3;
-static_assert(kSplitChunkElems % 8 == 0, "chunks start on a vector of every dtype");
-
-// Chunks of kSplitChunkElems columns a row of `hidden` splits into.
-constexpr int norm_chunks(int64_t hidden) { return static_cast<int>((hidden + kSplitChunkElems - 1) / kSplitChunkElems); }
+// Chunks of Policy::kSplitChunkElems columns a row of `hidden` splits into.
+template <typename Policy = NormPolicy>
+constexpr int norm_chunks(int64_t hidden) {
+  return static_cast<int>(ceil_div(hidden, Policy::kSplitChunkElems));
+}
 
 // Chunks per row (1: rows are not split). The caller allocates split_stats for them.
+template <typename Policy = NormPolicy>
 inline int norm_split_chunks(int64_t num_rows, int64_t hidden, int sm_count) {
-  if (hidden <= kSplitMinHidden || num_rows >= 2 * static_cast<int64_t>(sm_count)) return 1;
-  return norm_chunks(hidden);
+  return split_row_chunks(num_rows, hidden, sm_count, Policy::kSplitMinHidden, Policy::kSplitChunkElems);
 }
 
 namespace norm_detail {
 
-// Vectors each thread keeps in registers across the passes, so inputs are read from memory once.
-// Rows wider than threads * cached vectors re-read the rest (from L2: the row was just read).
-// 4 vectors (64 bytes) per thread, measured on the H200 (NOTES.md): against 8, 8 holds more bytes
-// per register but leaves too few warps per SM (16384x4096 bf16: 88 % vs 86 % of copy for
-// rms_norm, 90 % vs 75 % for fused_add_rms_norm); against 2 and 1 in the kernel lab (83 % and
-// 61 % for rms_norm 16384x4096, no gain at 2048 rows).
-constexpr int kCachedVecs = 4;
-#ifndef TK_BLOCK_CACHED_VECS  // tuning knob: TK_CUDA_FLAGS=-DTK_BLOCK_CACHED_VECS=2 python tools/build_kernel.py
-#define TK_BLOCK_CACHED_VECS 4
-#endif
-constexpr int kBlockCachedVecs = TK_BLOCK_CACHED_VECS;
-// The fused variants (pre-add or modulation) keep 4 too. Kernel lab (bf16, before packed
-// rounding): 2 vectors gave the gated modulated norm +2-4 points but norm_modulate -5 to -10 and
-// fused_add_rms_norm -3; 8 lost everywhere (fused_add 91 -> 76 %). Loading all cached vectors'
-// weight/scale/shift before the stores (147 registers) lost 15-20 points and was removed.
-#ifndef TK_FUSED_CACHED_VECS  // tuning knob: TK_CUDA_FLAGS=-DTK_FUSED_CACHED_VECS=2
-#define TK_FUSED_CACHED_VECS 4
-#endif
-template <int kThreadsPerRow, bool kFused>
-constexpr int cached_vecs() {
-  return kFused ? TK_FUSED_CACHED_VECS : (kThreadsPerRow == 0 ? kBlockCachedVecs : kCachedVecs);
-}
-constexpr int kMaxThreads = 1024;
-constexpr int kThreadsPerBlock = 256;  // for the row-group modes (several rows per block)
-// Row-group widths: kSmallGroup lanes for rows of <= kSmallGroup * kCachedVecs vectors (head-dim
-// norms: 128 bf16 = 16 vectors -> 4 vectors per lane), a warp up to 32 * kCachedVecs vectors,
-// a whole block beyond.
-constexpr int kSmallGroup = 4;
-
-// kMod: AdaLN modulation (scale, optional shift). Features an op does not use are compiled out
-// (bias for RMSNorm, h_out without a pre-add, the modulation): each costs registers, and fewer
-// registers keep more rows in flight per SM.
-template <typename T, typename weight_t, typename out_t, NormType kNorm, PreAdd kPre, bool kMod, int kVec,
-          int kThreadsPerRow, NormPass kPass = NormPass::kWholeRow>
-TK_DEVICE void norm_body(const NormParams<T, weight_t, out_t>& p) {
-  using vec = vec_t<T, kVec>;
-  constexpr int kCachedVecs = cached_vecs<kThreadsPerRow, kPre != PreAdd::kNone || kMod>();
-  constexpr bool kSplit = kPass != NormPass::kWholeRow;
-  static_assert(!kSplit || kThreadsPerRow == 0, "a split row's chunk takes a whole block");
-  const RowGroup<kThreadsPerRow> group(p.num_rows);
-  const int lane = group.lane, threads = group.threads;
-  const int64_t row = kSplit ? static_cast<int64_t>(blockIdx.y) : group.row;
-  const unsigned lanes_with_rows = group.mask;
-  // Whole row groups leave together (a block in block mode); shuffles then name only the lanes
-  // of groups that have a row.
-  if (row >= p.num_rows) return;
-
-  // A split row's block works on columns [col0, col0 + hidden) as if they were a row of their own.
-  const int64_t col0 = kSplit ? static_cast<int64_t>(blockIdx.x) * p.split_chunk_elems : 0;
-  const T* x = p.x + p.x_rows.offset(row) + col0;
-  out_t* out = p.out + p.out_rows.offset(row) + col0;
-  const T* res = kPre != PreAdd::kNone ? p.residual + p.residual_rows.offset(row) + col0 : nullptr;
-  const T* gate = kPre == PreAdd::kGated ? p.gate + p.gate_rows.offset(row) + col0 : nullptr;
-  T* h_out = kPre != PreAdd::kNone && p.h_out != nullptr ? p.h_out + p.h_rows.offset(row) + col0 : nullptr;
-  // Column indices are 32-bit (the binding caps a row below 2^31 elements): 64-bit ones cost two
-  // or three integer instructions per address, and these kernels issue more integer than float work.
-  const int hidden = kSplit ? static_cast<int>(p.hidden - col0 < p.split_chunk_elems ? p.hidden - col0
-                                                                                      : p.split_chunk_elems)
-                            : static_cast<int>(p.hidden);
-  const int num_vecs = hidden / kVec;
-  const int tail_col = num_vecs * kVec + lane;
-  const bool has_tail = tail_col < hidden;  // the tail is < kVec <= 8 elements
-
-  // h of N elements from x, the residual (or y) and the gate, each op rounded to T as the eager
-  // code rounds it (packed T arithmetic: the same bits, vec.cuh).
-  auto pre_add = [](const auto& xv, const auto& rv, const auto& gv) {
-    if constexpr (kPre == PreAdd::kGated) return add_rn(xv, mul_rn(gv, rv));
-    else return add_rn(xv, rv);
-  };
-  // h of the tail element.
-  auto h_scalar = [&](int col) -> float {
-    vec_t<T, 1> xv, rv, gv;
-    xv[0] = x[col];
-    if constexpr (kPre == PreAdd::kNone) return to_float(xv[0]);
-    rv[0] = res[col];
-    if constexpr (kPre == PreAdd::kGated) gv[0] = gate[col];
-    return to_float(pre_add(xv, rv, gv)[0]);
-  };
-  // Loads vector v of h. Once pass 1 has stored h (h_out), later passes read it back from there:
-  // x and residual may be the outputs of an in-place call and already overwritten.
-  auto load_h = [&](int v, bool stored) -> vec {
-    vec h;
-    if (kPre == PreAdd::kNone || (stored && h_out != nullptr)) {
-      h.load((kPre == PreAdd::kNone ? x : h_out) + v * kVec);
-      return h;
-    }
-    vec xv, rv, gv;
-    xv.load(x + v * kVec);
-    rv.load(res + v * kVec);
-    if constexpr (kPre == PreAdd::kGated) gv.load(gate + v * kVec);
-    return pre_add(xv, rv, gv);
-  };
-
-  // Pass 1: h (stored to h_out when asked), kept in registers, and its sum (or sum of squares).
-  // A chunk normalized from its row's statistics reads h back as stored by the first kernel.
-  constexpr bool kFromStats = kPass == NormPass::kChunkFromStats;
-  vec cached[kCachedVecs];
-#pragma unroll
-  for (int k = 0; k < kCachedVecs; ++k) {
-    const int v = lane + k * threads;
-    if (v < num_vecs) cached[k] = load_h(v, kFromStats);
-  }
-  const float tail_h = !has_tail ? 0.f
-                       : kFromStats && h_out != nullptr ? to_float(h_out[tail_col])
-                                                        : h_scalar(tail_col);
-  if (!kFromStats && h_out != nullptr) {
-#pragma unroll
-    for (int k = 0; k < kCachedVecs; ++k) {
-      const int v = lane + k * threads;
-      if (v < num_vecs) cached[k].store(h_out + v * kVec);
-    }
-    if (has_tail) h_out[tail_col] = from_float<T>(tail_h);
-  }
-  // The sum (or sum of squares): not in a chunk normalized from its row's statistics.
-  auto stat_term = [](float h) { return kNorm == NormType::kRms ? h * h : h; };
-  float acc = has_tail ? stat_term(tail_h) : 0.f;
-  if constexpr (!kFromStats) {
-#pragma unroll
-    for (int k = 0; k < kCachedVecs; ++k) {
-      const int v = lane + k * threads;
-      if (v < num_vecs) {
-#pragma unroll
-        for (int i = 0; i < kVec; ++i) acc += stat_term(to_float(cached[k][i]));
-      }
-    }
-    for (int v = lane + kCachedVecs * threads; v < num_vecs; v += threads) {
-      const vec h = load_h(v, false);
-      if (h_out != nullptr) h.store(h_out + v * kVec);
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) acc += stat_term(to_float(h[i]));
-    }
-    acc = row_reduce_sum<kThreadsPerRow>(acc, lanes_with_rows);
-  }
-
-  // A chunk's statistics are over its own columns; the row's over all of them.
-  const float inv_n = 1.f / static_cast<float>(kPass == NormPass::kChunkStats ? hidden : p.hidden);
-  float* chunk_stats = kSplit ? p.split_stats + (row * p.split_chunks + blockIdx.x) * kChunkStatFloats : nullptr;
-  auto write_chunk_stats = [&](float sum_or_mean, float m2) {
-    if (threadIdx.x == 0) {
-      chunk_stats[0] = static_cast<float>(hidden);
-      chunk_stats[1] = sum_or_mean;
-      chunk_stats[2] = m2;
-    }
-  };
-  float mean = 0.f, inv_std;
-  if constexpr (kFromStats) {
-    // The row's statistics from its chunks', combined in chunk order (the same bits in every
-    // block): sums of squares added; LayerNorm's (count, mean, M2) by Chan et al.'s pairwise update.
-    const float* row_stats = p.split_stats + row * p.split_chunks * kChunkStatFloats;
-    float count = 0.f, total = 0.f, m2 = 0.f;
-    for (int c = 0; c < p.split_chunks; ++c) {
-      const float* s = row_stats + c * kChunkStatFloats;
-      if constexpr (kNorm == NormType::kRms) {
-        total += s[1];
-      } else {
-        const float n = count + s[0], delta = s[1] - mean;
-        mean += delta * (s[0] / n);
-        m2 += s[2] + delta * delta * (count * s[0] / n);
-        count = n;
-      }
-    }
-    inv_std = rsqrtf((kNorm == NormType::kRms ? total : m2) * inv_n + p.eps);
-  } else if constexpr (kNorm == NormType::kRms) {
-    if constexpr (kPass == NormPass::kChunkStats) return write_chunk_stats(acc, 0.f);
-    inv_std = rsqrtf(acc * inv_n + p.eps);
-  } else {
-    // Pass 2 (LayerNorm): variance around the mean from the cached values, two-pass for accuracy.
-    mean = acc * inv_n;
-    float m2 = 0.f;
-    if (has_tail) m2 = (tail_h - mean) * (tail_h - mean);
-#pragma unroll
-    for (int k = 0; k < kCachedVecs; ++k) {
-      const int v = lane + k * threads;
-      if (v < num_vecs) {
-#pragma unroll
-        for (int i = 0; i < kVec; ++i) {
-          const float d = to_float(cached[k][i]) - mean;
-          m2 += d * d;
-        }
-      }
-    }
-    for (int v = lane + kCachedVecs * threads; v < num_vecs; v += threads) {
-      const vec h = load_h(v, true);
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) {
-        const float d = to_float(h[i]) - mean;
-        m2 += d * d;
-      }
-    }
-    // Its own shared array: no barrier between the two reductions (a block has one row). Kernel
-    // lab: the same speed as with the barrier (layer_norm 8192x4096 79 %); one reduction of shifted
-    // sums instead, 79 % too (85.2 against 83.9 % with L2 clean), so the two reductions stay.
-    m2 = row_reduce_sum<kThreadsPerRow, /*kBuffer=*/1>(m2, lanes_with_rows);
-    if constexpr (kPass == NormPass::kChunkStats) return write_chunk_stats(mean, m2);
-    inv_std = rsqrtf(m2 * inv_n + p.eps);
-  }
-
-  // Last pass: normalize, affine, modulation, store.
-  const T* scale = kMod ? p.scale + p.scale_rows.offset(row) + col0 : nullptr;
-  const T* shift = kMod && p.shift != nullptr ? p.shift + p.shift_rows.offset(row) + col0 : nullptr;
-  // y: h on entry, the norm's output n (with its affine) on return, in fp32, for N values (a vector,
-  // or the one-element tail). Each op rounds as the eager code does (no FMA across a rounding).
-  auto normalize = [&](auto& y, const auto& w, const auto& b) {
-    constexpr int N = sizeof(y) / sizeof(y[0]);
-#pragma unroll
-    for (int i = 0; i < N; ++i) y[i] = (y[i] - mean) * inv_std;
-    if constexpr (kNorm == NormType::kRms) {
-      if (p.round_normalized) round_through<T>(y);
-#pragma unroll
-      for (int i = 0; i < N; ++i) y[i] *= w[i];
-    } else {
-#pragma unroll
-      for (int i = 0; i < N; ++i) y[i] = y[i] * w[i] + b[i];
-    }
-  };
-  // The output of N values: n rounded to out_t, or (kMod) round(round(n) * round(1 + scale)) + shift
-  // rounded again, from the raw scale/shift vectors in packed T arithmetic (the same bits as the
-  // eager fp32 ops each cast to T, vec.cuh; kMod outputs are T).
-  auto finish = [&](const auto& y, const auto& s, const auto& sh) {
-    constexpr int N = sizeof(y) / sizeof(y[0]);
-    vec_t<out_t, N> o;
-    o.cast_from(y);
-    if constexpr (kMod) {
-      static_assert(std::is_same_v<out_t, T>, "modulated norms output x's dtype");
-      o = mul_rn(o, add_rn(filled<T, N>(from_float<T>(1.f)), s));
-      if (shift != nullptr) o = add_rn(o, sh);
-    }
-    return o;
-  };
-  // One vector's per-column parameters (weight, bias, scale, shift) as loaded; the members an op
-  // does not use are never loaded and compile away.
-  struct ColumnParams {
-    vec_t<weight_t, kVec> w, b;
-    vec s, sh;
-  };
-  auto load_params = [&](int v) {
-    ColumnParams c;
-    if (p.weight != nullptr) c.w.load(p.weight + col0 + v * kVec);
-    if (kNorm == NormType::kLayer && p.bias != nullptr) c.b.load(p.bias + col0 + v * kVec);
-    if constexpr (kMod) {
-      c.s.load(scale + v * kVec);
-      if (shift != nullptr) c.sh.load(shift + v * kVec);
-    }
-    return c;
-  };
-  // HF / diffusers RMSNorm with the weight in x's 16-bit dtype: `weight * round(h * inv_rms)` is a
-  // product of two T values rounded to T, one packed multiply (mul_rn: the same bits) instead of
-  // converting both to fp32 and back. Kernel lab (H200, bf16): fused_add_rms_norm 16384x4096
-  // 91.0 -> 93.0 % of copy, rms_norm 2048x4096 54.2 -> 56.0 %, 16384x4096 unchanged (89.5 %).
-  constexpr bool kPackedWeight = kNorm == NormType::kRms && !kMod && sizeof(T) == 2 &&
-                                 std::is_same_v<weight_t, T> && std::is_same_v<out_t, T>;
-  const bool packed_weight = kPackedWeight && p.round_normalized && p.weight != nullptr;
-  auto store_vec = [&](const vec& h, const ColumnParams& c, int v) {
-    if constexpr (kPackedWeight) {
-      if (packed_weight) {
-        float y[kVec];
-        h.cast_to(y);
-#pragma unroll
-        for (int i = 0; i < kVec; ++i) y[i] *= inv_std;
-        vec normalized;
-        normalized.cast_from(y);
-        mul_rn(normalized, c.w).store(out + v * kVec);
-        return;
-      }
-    }
-    float w[kVec], b[kVec];
-#pragma unroll
-    for (int i = 0; i < kVec; ++i) w[i] = 1.f, b[i] = 0.f;
-    if (p.weight != nullptr) c.w.cast_to(w);
-    if (kNorm == NormType::kLayer && p.bias != nullptr) c.b.cast_to(b);
-    float y[kVec];
-    h.cast_to(y);
-    normalize(y, w, b);
-    finish(y, c.s, c.sh).store(out + v * kVec);
-  };
-#pragma unroll
-  for (int k = 0; k < kCachedVecs; ++k) {
-    const int v = lane + k * threads;
-    if (v < num_vecs) store_vec(cached[k], load_params(v), v);
-  }
-  for (int v = lane + kCachedVecs * threads; v < num_vecs; v += threads)
-    store_vec(load_h(v, true), load_params(v), v);
-  if (has_tail) {
-    const int c = tail_col;
-    float y[1] = {tail_h};
-    const float w[1] = {p.weight ? to_float(p.weight[col0 + c]) : 1.f};
-    const float b[1] = {kNorm == NormType::kLayer && p.bias ? to_float(p.bias[col0 + c]) : 0.f};
-    vec_t<T, 1> s, sh;
-    if constexpr (kMod) {
-      s[0] = scale[c];
-      if (shift != nullptr) sh[0] = shift[c];
-    }
-    normalize(y, w, b);
-    out[c] = finish(y, s, sh)[0];
-  }
-}
-
-// Register cap of the modulated RMSNorms (with or without the gated pre-add): ptxas picks 72 (88
-// gated), at 64 more rows fit per SM (and blocks of 1024 threads). Kernel lab, H200, bf16:
-// norm_modulate 2x8064x2048 59 -> 65 %, 2x7392x4096 65 -> 71 %; gated 68 -> 74 %, 71 -> 79 %.
-// Not measured for LayerNorm, which keeps ptxas's choice.
-#ifndef TK_MODULATED_RMS_REGISTER_CAP  // tuning knob for the kernel lab
-#define TK_MODULATED_RMS_REGISTER_CAP 64
-#endif
-
-template <typename T, typename weight_t, typename out_t, NormType kNorm, PreAdd kPre, bool kMod, int kVec,
-          int kThreadsPerRow, NormPass kPass = NormPass::kWholeRow>
+// The entry of norm_body: the modulated RMSNorms run under Policy::kModulatedRmsRegisterCap, the
+// others keep ptxas's choice.
+template <typename Op, int kVec, int kThreadsPerRow, NormPass kPass = NormPass::kWholeRow>
 constexpr auto norm_kernel() {
-  constexpr int kCap = kNorm == NormType::kRms && kMod ? TK_MODULATED_RMS_REGISTER_CAP : kNoRegisterCap;
-  return kernel_entry_for<kCap, NormParams<T, weight_t, out_t>,
-                          norm_body<T, weight_t, out_t, kNorm, kPre, kMod, kVec, kThreadsPerRow, kPass>>();
+  constexpr int kCap =
+      Op::kType == NormType::kRms && Op::kModulated ? Op::policy::kModulatedRmsRegisterCap : kNoRegisterCap;
+  return kernel_entry_for<kCap, typename Op::Params, norm_body<Op, kVec, kThreadsPerRow, kPass>>();
 }
 
-template <typename T, typename weight_t, typename out_t, NormType kNorm, PreAdd kPre, bool kMod, int kVec>
-cudaError_t launch(const NormParams<T, weight_t, out_t>& p, cudaStream_t stream) {
+// Block per row (or per chunk): enough threads that each keeps at most its cached vectors of `vecs`,
+// in whole warps, within what kKernel's registers allow (wider rows re-read their remainder).
+template <typename Op, auto kKernel>
+int block_threads(int64_t vecs) {
+  const int limit = max_block_threads<kKernel>(Op::policy::kGroupBlockThreads);
+  return std::min({kMaxBlockThreads, limit, warps_covering(vecs, Op::template cached_vecs<0>())});
+}
+
+// Row groups (Policy::RowGroups) for rows that fit them, a block per row beyond;
+// split rows (p.split_chunks > 1): two launches over (chunk, row), the statistics first. These are
+// compiled for the 16-byte path of the unmodulated norms; the modulated norms (DiT blocks: rows of
+// 1536 and more in every supported model) and the scalar path (misaligned views) take a block per
+// whole row at every width (NOTES.md §Build size and instantiations).
+template <typename Op, int kVec>
+cudaError_t launch(const typename Op::Params& p, cudaStream_t stream) {
+  using Policy = typename Op::policy;
+  constexpr bool kEverySchedule = kVec > 1 && !Op::kModulated;
   const int64_t num_vecs = p.hidden / kVec;
-  constexpr bool kFused = kPre != PreAdd::kNone || kMod;
-  constexpr int kGroupVecs = cached_vecs<kSmallGroup, kFused>();  // per thread, row-group modes
-  constexpr int kBlockVecs = cached_vecs<0, kFused>();            // per thread, block mode
-  auto grid_for = [&](int rows_per_block) {
-    return dim3(static_cast<unsigned>((p.num_rows + rows_per_block - 1) / rows_per_block));
-  };
-  // Block mode: enough threads that each keeps at most kBlockCachedVecs vectors of a row of `vecs`,
-  // rounded to whole warps, within `limit` (wider rows re-read their remainder).
-  auto block_threads = [](int64_t vecs, int limit) {
-    const int64_t wanted = (vecs + kBlockVecs - 1) / kBlockVecs;
-    return static_cast<int>(std::min<int64_t>({kMaxThreads, limit, (wanted + kWarpSize - 1) / kWarpSize * kWarpSize}));
-  };
-  if (p.split_chunks > 1) {
-    constexpr auto kStats = norm_kernel<T, weight_t, out_t, kNorm, kPre, kMod, kVec, 0, NormPass::kChunkStats>();
-    constexpr auto kFromStats = norm_kernel<T, weight_t, out_t, kNorm, kPre, kMod, kVec, 0, NormPass::kChunkFromStats>();
-    const int64_t chunk_vecs = p.split_chunk_elems / kVec;
-    const dim3 grid(static_cast<unsigned>(p.split_chunks), static_cast<unsigned>(p.num_rows));
-    kStats<<<grid, block_threads(chunk_vecs, max_block_threads<kStats>(kThreadsPerBlock)), 0, stream>>>(p);
-    kFromStats<<<grid, block_threads(chunk_vecs, max_block_threads<kFromStats>(kThreadsPerBlock)), 0, stream>>>(p);
-  } else if (num_vecs <= static_cast<int64_t>(kSmallGroup) * kGroupVecs) {
-    norm_kernel<T, weight_t, out_t, kNorm, kPre, kMod, kVec, kSmallGroup>()
-        <<<grid_for(kThreadsPerBlock / kSmallGroup), kThreadsPerBlock, 0, stream>>>(p);
-  } else if (num_vecs <= static_cast<int64_t>(kWarpSize) * kGroupVecs) {
-    norm_kernel<T, weight_t, out_t, kNorm, kPre, kMod, kVec, kWarpSize>()
-        <<<grid_for(kThreadsPerBlock / kWarpSize), kThreadsPerBlock, 0, stream>>>(p);
-  } else {
-    constexpr auto kWholeRows = norm_kernel<T, weight_t, out_t, kNorm, kPre, kMod, kVec, 0>();
-    kWholeRows<<<grid_for(1), block_threads(num_vecs, max_block_threads<kWholeRows>(kThreadsPerBlock)), 0, stream>>>(p);
+  if constexpr (kEverySchedule) {
+    if (p.split_chunks > 1) {
+      constexpr auto kStats = norm_kernel<Op, kVec, 0, NormPass::kChunkStats>();
+      constexpr auto kFromStats = norm_kernel<Op, kVec, 0, NormPass::kChunkFromStats>();
+      const int64_t chunk_vecs = p.split_chunk_elems / kVec;
+      const dim3 grid(static_cast<unsigned>(p.split_chunks), static_cast<unsigned>(p.num_rows));
+      kStats<<<grid, block_threads<Op, kStats>(chunk_vecs), 0, stream>>>(p);
+      kFromStats<<<grid, block_threads<Op, kFromStats>(chunk_vecs), 0, stream>>>(p);
+      return cudaGetLastError();
+    }
   }
+  using Groups = typename Policy::RowGroups;
+  const int lanes = kEverySchedule ? row_group_lanes(Groups{}, num_vecs, Op::template cached_vecs<kWarpSize>()) : 0;
+  with_row_group_lanes(Groups{}, lanes, [&](auto lanes_tag) {
+    constexpr int kLanes = kEverySchedule ? decltype(lanes_tag)::value : 0;
+    constexpr auto kKernel = norm_kernel<Op, kVec, kLanes>();
+    if constexpr (kLanes == 0) {
+      kKernel<<<grid_for(p.num_rows, 1), block_threads<Op, kKernel>(num_vecs), 0, stream>>>(p);
+    } else {
+      kKernel<<<grid_for(p.num_rows, Policy::kGroupBlockThreads / kLanes), Policy::kGroupBlockThreads, 0, stream>>>(p);
+    }
+  });
   return cudaGetLastError();
 }
 
@@ -446,18 +98,20 @@ bool vectorizable(const NormParams<T, W, O>& p, int vec) {
 }  // namespace norm_detail
 
 // Host launcher: 16-byte vectors when every pointer and row stride allows it, scalar otherwise.
-// kMod requires p.scale (p.shift optional); without kMod scale and shift are ignored. Split rows
-// (p.split_chunks > 1, from norm_split_chunks) need p.split_stats and two launches.
-template <NormType kNorm, PreAdd kPre, bool kMod, typename T, typename weight_t, typename out_t>
+// kMod requires p.scale (p.shift optional); without kMod scale and shift are ignored. p.split_chunks
+// > 1 (from norm_split_chunks) needs p.split_stats and lets the 16-byte path of the unmodulated
+// norms split rows (two launches).
+template <NormType kNorm, PreAdd kPre, bool kMod, typename Policy = NormPolicy, typename T, typename weight_t,
+          typename out_t>
 cudaError_t norm(const NormParams<T, weight_t, out_t>& p, cudaStream_t stream) {
   if (p.num_rows == 0 || p.hidden == 0) return cudaSuccess;
-  if (p.split_chunks > 1 && (p.split_stats == nullptr || p.split_chunk_elems != kSplitChunkElems ||
-                             norm_chunks(p.hidden) != p.split_chunks))
+  if (p.split_chunks > 1 && (p.split_stats == nullptr || p.split_chunk_elems != Policy::kSplitChunkElems ||
+                             norm_chunks<Policy>(p.hidden) != p.split_chunks))
     return cudaErrorInvalidValue;
+  using Op = NormOp<Policy, T, weight_t, out_t, kNorm, kPre, kMod>;
   constexpr int kVec = vec_size<T>();
-  return norm_detail::vectorizable(p, kVec)
-             ? norm_detail::launch<T, weight_t, out_t, kNorm, kPre, kMod, kVec>(p, stream)
-             : norm_detail::launch<T, weight_t, out_t, kNorm, kPre, kMod, 1>(p, stream);
+  return norm_detail::vectorizable(p, kVec) ? norm_detail::launch<Op, kVec>(p, stream)
+                                            : norm_detail::launch<Op, 1>(p, stream);
 }
 
 }  // namespace transformer_kernels

@@ -34,6 +34,7 @@
 #include "common/math.cuh"
 #include "common/reduce.cuh"
 #include "common/rows.cuh"
+#include "common/schedule.cuh"
 #include "common/vec.cuh"
 #include "norm/grad_reduce.cuh"
 

@@ -12,8 +12,8 @@
 //     n   = round(w * round(x * rsqrt(mean(x^2) + eps)))
 //     out = round(round(n * cos) + round(rotate_half(n) * sin))
 //           rotate_half(n)[i] = -n[i + L/2], rotate_half(n)[i + L/2] = n[i]
-// A row is held in registers between the reduction and the rotation (rows up to kMaxRowVecs
-// vectors), so each input is read once. LTX's coordinate form (CosSinSource::kLtxCoords, G = 1)
+// A row is held in registers between the reduction and the rotation (rows up to
+// qk_norm_rope_max_width), so each input is read once. LTX's coordinate form (CosSinSource::kLtxCoords, G = 1)
 // computes cos/sin from the token's coordinates instead of reading tables; one lane group then
 // holds q's and k's row of a token and computes them once for both. Each row keeps the lanes and
 // the sum order the table form gives it, so the two forms give the same bits.
@@ -28,8 +28,10 @@
 #include "common/kernel.cuh"
 #include "common/math.cuh"
 #include "common/reduce.cuh"
+#include "common/schedule.cuh"
 #include "common/vec.cuh"
 #include "rope/rope.cuh"
+#include "rope/rope_policy.cuh"
 
 namespace transformer_kernels {
 
@@ -54,23 +56,12 @@ struct QkNormRopeParams {
 
 namespace qk_norm_rope_detail {
 
-// Vectors per thread, all held between the reduction and the store: lane-group modes, and block
-// mode (rows wider than a warp's; rows needing more than kMaxThreads threads at that count fall
-// back to kCachedVecs). Block mode with 2 measured against 4 in the kernel lab (H200, LTX's
-// 2x8064x2048): 60.6 % vs 53.4 % of copy from coordinates, 93.6 % vs 90.3 % from tables.
-constexpr int kCachedVecs = 4;
-#ifndef TK_QK_NORM_ROPE_SHARED_TABLES  // knob for the kernel lab (qk_norm_rope below): 0 = one row a group
-#define TK_QK_NORM_ROPE_SHARED_TABLES 1
-#endif
-#ifndef TK_QK_NORM_ROPE_BLOCK_CACHED_VECS  // tuning knob: -DTK_QK_NORM_ROPE_BLOCK_CACHED_VECS=4
-#define TK_QK_NORM_ROPE_BLOCK_CACHED_VECS 2
-#endif
-constexpr int kBlockCachedVecs = TK_QK_NORM_ROPE_BLOCK_CACHED_VECS;
-static_assert(kBlockCachedVecs <= kCachedVecs, "the widest rows take kCachedVecs per thread");
-constexpr int kGroupThreadsPerBlock = 256;
-constexpr int kSmallGroup = 4;  // the narrowest lane group a row gets
-constexpr int kMaxThreads = 1024;
-constexpr int kMaxRowVecs = kMaxThreads * kCachedVecs;
+// Rows hold at most this many vectors (the whole row stays in registers).
+template <typename Policy>
+constexpr int max_row_vecs() {
+  static_assert(Policy::kBlockCachedVecs <= Policy::kCachedVecs, "the widest rows take kCachedVecs per thread");
+  return kMaxBlockThreads * Policy::kCachedVecs;
+}
 
 TK_HOST_DEVICE constexpr bool half_rotation(QkNormRopeForm form) { return form == QkNormRopeForm::kTransformers; }
 
@@ -105,8 +96,8 @@ TK_DEVICE void normalize(float (&n)[kVec], float inv_rms, const float (&w)[kVec]
 // interleaved pairs, so that each vector holds whole pairs). A group holds kRows rows: one, or
 // q's and k's row of a token when each has one norm group (LTX: the ops take [B, S, C]), each row
 // with the lanes and units one row would have; the two share the token's cos/sin.
-template <QkNormRopeForm kForm, CosSinSource kSource, typename T, typename weight_t, typename table_t, int kVec,
-          int kThreadsPerRow, int kRowCachedVecs, int kRows>
+template <typename Policy, QkNormRopeForm kForm, CosSinSource kSource, typename T, typename weight_t,
+          typename table_t, int kVec, int kThreadsPerRow, int kRowCachedVecs, int kRows>
 TK_DEVICE void qk_norm_rope_body(const QkNormRopeParams<T, weight_t, table_t>& p) {
   static_assert(kSource == CosSinSource::kTables ||
                     (kSource == CosSinSource::kLtxCoords && kForm == QkNormRopeForm::kDiffusers),
@@ -264,12 +255,12 @@ TK_DEVICE void qk_norm_rope_body(const QkNormRopeParams<T, weight_t, table_t>& p
   }
 }
 
-template <QkNormRopeForm kForm, CosSinSource kSource, typename T, typename weight_t, typename table_t, int kVec,
-          int kThreadsPerRow, int kRowCachedVecs, int kRows>
+template <typename Policy, QkNormRopeForm kForm, CosSinSource kSource, typename T, typename weight_t,
+          typename table_t, int kVec, int kThreadsPerRow, int kRowCachedVecs, int kRows>
 constexpr auto qk_norm_rope_kernel() {
   return kernel_entry_for<kNoRegisterCap, QkNormRopeParams<T, weight_t, table_t>,
-                          qk_norm_rope_body<kForm, kSource, T, weight_t, table_t, kVec, kThreadsPerRow, kRowCachedVecs,
-                                            kRows>>();
+                          qk_norm_rope_body<Policy, kForm, kSource, T, weight_t, table_t, kVec, kThreadsPerRow,
+                                            kRowCachedVecs, kRows>>();
 }
 
 // Launches kKernel with a block of `threads` per group, or, where its registers do not allow that
@@ -277,56 +268,89 @@ constexpr auto qk_norm_rope_kernel() {
 // registers, so a block has the threads the row needs or none (the caller may take another form).
 template <auto kKernel, typename Params>
 cudaError_t block_per_group(const Params& p, dim3 grid, int threads, cudaStream_t stream) {
-  if (threads > max_block_threads<kKernel>(kMaxThreads)) return cudaErrorLaunchOutOfResources;
+  if (threads > max_block_threads<kKernel>(kMaxBlockThreads)) return cudaErrorLaunchOutOfResources;
   kKernel<<<grid, threads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
-template <QkNormRopeForm kForm, CosSinSource kSource, typename T, typename weight_t, typename table_t, int kVec,
-          int kRows>
+// How a row is scheduled: in a row group of `lanes` lanes (each holding Policy::kCachedVecs), the
+// narrowest of Policy::RowGroups that holds it, so that no lane of a short row (one head) idles;
+// else (lanes 0) a block of `threads` per row, each holding Policy::kBlockCachedVecs where the row
+// fits (few_vecs), kCachedVecs beyond. The choice depends on the row alone, so every form
+// splits a row the same way. Row groups are compiled for the 16-byte path only: misaligned views
+// take a block per row (NOTES.md §Build size and instantiations).
+struct QkNormRopeSchedule {
+  int lanes;
+  bool few_vecs;
+  int threads;
+};
+
+template <typename Policy, QkNormRopeForm kForm, int kVec>
+QkNormRopeSchedule qk_norm_rope_schedule(int width, bool row_groups) {
+  constexpr int kCachedUnits = Policy::kCachedVecs / vecs_per_unit(kForm);
+  constexpr int kBlockUnits = std::max(1, Policy::kBlockCachedVecs / vecs_per_unit(kForm));
+  const int num_units = width / (kVec * vecs_per_unit(kForm));
+  QkNormRopeSchedule s;
+  s.lanes = row_groups ? row_group_lanes(typename Policy::RowGroups{}, num_units, kCachedUnits) : 0;
+  s.few_vecs = warps_covering(num_units, kBlockUnits) <= kMaxBlockThreads;
+  // at most kMaxBlockThreads with kCachedUnits: the binding checks the width (qk_norm_rope_max_width)
+  s.threads = warps_covering(num_units, s.few_vecs ? kBlockUnits : kCachedUnits);
+  return s;
+}
+
+// Vectors a thread of the block-per-row kernel of few vectors holds: Policy::kBlockCachedVecs in
+// whole units.
+template <typename Policy, QkNormRopeForm kForm>
+constexpr int block_few_vecs() {
+  return std::max(1, Policy::kBlockCachedVecs / vecs_per_unit(kForm)) * vecs_per_unit(kForm);
+}
+
+// Launches the kernels of one vector width for groups of kRows rows, as qk_norm_rope_schedule says.
+template <typename Policy, QkNormRopeForm kForm, CosSinSource kSource, typename T, typename weight_t,
+          typename table_t, int kVec, int kRows>
 cudaError_t launch(const QkNormRopeParams<T, weight_t, table_t>& p, cudaStream_t stream) {
-  constexpr int kCachedUnits = kCachedVecs / vecs_per_unit(kForm);
+  constexpr bool kRowGroups = kVec == vec_size<T>();
+  const QkNormRopeSchedule s = qk_norm_rope_schedule<Policy, kForm, kVec>(p.width, kRowGroups);
   const int64_t groups = p.qk.num_rows() / kRows;
-  const int num_units = p.width / (kVec * vecs_per_unit(kForm));
-  auto grid_for = [&](int groups_per_block) {
-    return dim3(static_cast<unsigned>((groups + groups_per_block - 1) / groups_per_block));
-  };
-  // The narrowest lane group that holds the row, so that no lane of a short row (one head) idles.
-  // The choice depends on the row alone, so both forms split a row the same way.
-  auto in_group_of = [&](auto threads_tag) {
-    constexpr int kThreads = decltype(threads_tag)::value;
-    if (num_units > kThreads * kCachedUnits) return false;
-    qk_norm_rope_kernel<kForm, kSource, T, weight_t, table_t, kVec, kThreads, kCachedVecs, kRows>()
-        <<<grid_for(kGroupThreadsPerBlock / kThreads), kGroupThreadsPerBlock, 0, stream>>>(p);
-    return true;
-  };
-  using std::integral_constant;
-  if (!(in_group_of(integral_constant<int, kSmallGroup>{}) || in_group_of(integral_constant<int, 8>{}) ||
-        in_group_of(integral_constant<int, 16>{}) || in_group_of(integral_constant<int, kWarpSize>{}))) {
-    // A block per group, kBlockCachedVecs per thread where the row fits, kCachedVecs beyond.
-    constexpr int kBlockUnits = std::max(1, kBlockCachedVecs / vecs_per_unit(kForm));
-    auto threads_for = [&](int units_per_thread) {
-      const int wanted = (num_units + units_per_thread - 1) / units_per_thread;
-      return (wanted + kWarpSize - 1) / kWarpSize * kWarpSize;
-    };
-    constexpr auto kFewVecs =
-        qk_norm_rope_kernel<kForm, kSource, T, weight_t, table_t, kVec, 0, kBlockUnits * vecs_per_unit(kForm), kRows>();
-    constexpr auto kAllVecs = qk_norm_rope_kernel<kForm, kSource, T, weight_t, table_t, kVec, 0, kCachedVecs, kRows>();
-    if (threads_for(kBlockUnits) <= kMaxThreads) {
-      return block_per_group<kFewVecs>(p, grid_for(1), threads_for(kBlockUnits), stream);
+  return with_row_group_lanes(typename Policy::RowGroups{}, s.lanes, [&](auto lanes_tag) {
+    constexpr int kLanes = decltype(lanes_tag)::value;
+    if constexpr (kRowGroups && kLanes > 0) {
+      qk_norm_rope_kernel<Policy, kForm, kSource, T, weight_t, table_t, kVec, kLanes, Policy::kCachedVecs, kRows>()
+          <<<grid_for(groups, Policy::kGroupBlockThreads / kLanes), Policy::kGroupBlockThreads, 0, stream>>>(p);
+      return cudaGetLastError();
+    } else {
+      constexpr auto kFewVecs = qk_norm_rope_kernel<Policy, kForm, kSource, T, weight_t, table_t, kVec, 0,
+                                                    block_few_vecs<Policy, kForm>(), kRows>();
+      constexpr auto kAllVecs =
+          qk_norm_rope_kernel<Policy, kForm, kSource, T, weight_t, table_t, kVec, 0, Policy::kCachedVecs, kRows>();
+      return s.few_vecs ? block_per_group<kFewVecs>(p, grid_for(groups, 1), s.threads, stream)
+                        : block_per_group<kAllVecs>(p, grid_for(groups, 1), s.threads, stream);
     }
-    return block_per_group<kAllVecs>(p, grid_for(1), threads_for(kCachedUnits), stream);  // <= kMaxThreads: host-checked
-  }
-  return cudaGetLastError();
+  });
+}
+
+// q's and k's row of a token in one block (diffusers' table form, 16-byte path, one norm group
+// each: LTX), its cos/sin loaded once for both, where the row takes a block of few vectors a
+// thread (LTX's rows). cudaErrorLaunchOutOfResources where that does not apply, or where the
+// kernel's registers do not allow the threads the row needs: the caller then takes one row a group
+// (the same lanes and bits for each row).
+template <typename Policy, QkNormRopeForm kForm, typename T, typename weight_t, typename table_t>
+cudaError_t launch_shared_tables(const QkNormRopeParams<T, weight_t, table_t>& p, cudaStream_t stream) {
+  constexpr int kVec = vec_size<T>();
+  const QkNormRopeSchedule s = qk_norm_rope_schedule<Policy, kForm, kVec>(p.width, /*row_groups=*/true);
+  if (s.lanes != 0 || !s.few_vecs) return cudaErrorLaunchOutOfResources;
+  constexpr auto kKernel = qk_norm_rope_kernel<Policy, kForm, CosSinSource::kTables, T, weight_t, table_t, kVec, 0,
+                                               block_few_vecs<Policy, kForm>(), 2>();
+  return block_per_group<kKernel>(p, grid_for(p.qk.num_rows() / 2, 1), s.threads, stream);
 }
 
 }  // namespace qk_norm_rope_detail
 
 // Rows hold at most this many elements of T (the whole row stays in registers): with 16-byte
 // vectors, or with the form's narrowest vectors when pointers or strides do not allow 16 bytes.
-template <QkNormRopeForm kForm, typename T>
+template <QkNormRopeForm kForm, typename T, typename Policy = QkNormRopePolicy>
 constexpr int64_t qk_norm_rope_max_width(bool vectorized) {
-  return static_cast<int64_t>(qk_norm_rope_detail::kMaxRowVecs) *
+  return static_cast<int64_t>(qk_norm_rope_detail::max_row_vecs<Policy>()) *
          (vectorized ? vec_size<T>() : qk_norm_rope_detail::min_vec(kForm));
 }
 
@@ -345,30 +369,28 @@ bool qk_norm_rope_aligned(const QkNormRopeParams<T, weight_t, table_t>& p) {
 // narrowest vectors. The caller checks width (even, <= qk_norm_rope_max_width) and the narrow
 // path's alignment (qk_norm_rope_aligned<kForm, kSource, min_vec>: whole pairs for interleaved
 // pairs). Coordinate form: p.coords set, q and k one norm group each.
-template <QkNormRopeForm kForm, CosSinSource kSource, typename T, typename weight_t, typename table_t>
+template <QkNormRopeForm kForm, CosSinSource kSource, typename Policy = QkNormRopePolicy, typename T,
+          typename weight_t, typename table_t>
 cudaError_t qk_norm_rope(const QkNormRopeParams<T, weight_t, table_t>& p, cudaStream_t stream) {
   if (p.qk.num_rows() == 0 || p.width == 0) return cudaSuccess;
   constexpr int kVec = vec_size<T>();
   constexpr int kMinVec = qk_norm_rope_detail::min_vec(kForm);
   using qk_norm_rope_detail::launch;
   // q's and k's row of a token in one group when each has one norm group: the coordinate form
-  // computes the token's sines once; diffusers' table form loads its cos/sin rows once (kernel lab,
-  // H200, LTX 2x8064x2048 bf16: 93.4 -> 94.1 % of copy). The shared-table kernels hold two rows a
-  // thread (up to 119 registers): where their block cannot have the threads a row needs (C = 32768
-  // asks 1024), the row takes one row a group.
-  constexpr int kCoordsRows = rows_per_group(kSource);
+  // computes the token's sines once (always); diffusers' table form loads its cos/sin rows once
+  // (launch_shared_tables).
+  constexpr int kCoordsRows = rows_per_group<Policy>(kSource);
   constexpr bool kCanShareTables =
-      TK_QK_NORM_ROPE_SHARED_TABLES && kSource == CosSinSource::kTables && kForm == QkNormRopeForm::kDiffusers;
+      Policy::kShareTables && kSource == CosSinSource::kTables && kForm == QkNormRopeForm::kDiffusers;
   const bool vectorized = qk_norm_rope_aligned<kForm, kSource, kVec>(p);
   if constexpr (kCanShareTables) {
-    if (p.qk.num_q_heads == 1 && p.qk.num_k_heads == 1) {
-      const cudaError_t err = vectorized ? launch<kForm, kSource, T, weight_t, table_t, kVec, 2>(p, stream)
-                                         : launch<kForm, kSource, T, weight_t, table_t, kMinVec, 2>(p, stream);
+    if (vectorized && p.qk.num_q_heads == 1 && p.qk.num_k_heads == 1) {
+      const cudaError_t err = qk_norm_rope_detail::launch_shared_tables<Policy, kForm>(p, stream);
       if (err != cudaErrorLaunchOutOfResources) return err;
     }
   }
-  return vectorized ? launch<kForm, kSource, T, weight_t, table_t, kVec, kCoordsRows>(p, stream)
-                    : launch<kForm, kSource, T, weight_t, table_t, kMinVec, kCoordsRows>(p, stream);
+  return vectorized ? launch<Policy, kForm, kSource, T, weight_t, table_t, kVec, kCoordsRows>(p, stream)
+                    : launch<Policy, kForm, kSource, T, weight_t, table_t, kMinVec, kCoordsRows>(p, stream);
 }
 
 }  // namespace transformer_kernels

@@ -28,15 +28,25 @@ RopeStyle resolve_style(std::string_view style) {
   TORCH_CHECK_VALUE(false, kOp, ": style must be \"neox\" or \"interleaved\", got \"", style, "\"");
 }
 
-HeadStrides head_strides(const at::Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
+HeadStrides head_strides(const at::Tensor& t) { return {/*b=*/t.stride(0), /*s=*/t.stride(1), /*h=*/t.stride(2)}; }
 
 // q, k and their outputs, [B, S, H, d] views, as the kernels address them.
 template <typename T>
 QkRows<T> qk_rows(at::Tensor& q_out, const at::Tensor& q, at::Tensor& k_out, const at::Tensor& k) {
-  return QkRows<T>{static_cast<T*>(q_out.data_ptr()), head_strides(q_out), static_cast<const T*>(q.const_data_ptr()),
-          head_strides(q), static_cast<T*>(k_out.data_ptr()), head_strides(k_out),
-          static_cast<const T*>(k.const_data_ptr()), head_strides(k), q.size(0), q.size(1),
-          static_cast<int>(q.size(2)), static_cast<int>(k.size(2))}.with_fast_divisors();
+  QkRows<T> r;
+  r.q_out = static_cast<T*>(q_out.data_ptr());
+  r.q_out_strides = head_strides(q_out);
+  r.q = static_cast<const T*>(q.const_data_ptr());
+  r.q_strides = head_strides(q);
+  r.k_out = static_cast<T*>(k_out.data_ptr());
+  r.k_out_strides = head_strides(k_out);
+  r.k = static_cast<const T*>(k.const_data_ptr());
+  r.k_strides = head_strides(k);
+  r.batch = q.size(0);
+  r.seq = q.size(1);
+  r.num_q_heads = static_cast<int>(q.size(2));
+  r.num_k_heads = static_cast<int>(k.size(2));
+  return r.with_fast_divisors();
 }
 
 // q [B, S, Hq, d], k [B, S, Hk, d]: the kernels count heads in 32 bits (QkRows) and take at most

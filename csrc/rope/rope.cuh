@@ -20,10 +20,12 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "common/divmod.cuh"
 #include "common/kernel.cuh"
 #include "common/math.cuh"
+#include "common/schedule.cuh"
 #include "common/vec.cuh"
+#include "rope/qk_rows.cuh"
+#include "rope/rope_policy.cuh"
 
 namespace transformer_kernels {
 
@@ -32,102 +34,6 @@ enum class RopeStyle { kNeox, kInterleaved };
 // Where a token's cosines and sines come from: full-width tables [B, S, R], one row of a
 // cos_sin_cache per position (vLLM), or LTX-Video's token coordinates (computed in the kernel).
 enum class CosSinSource { kTables, kCache, kLtxCoords };
-
-// A [B, S, H, d] tensor's strides, in elements.
-struct HeadStrides {
-  int64_t b, s, h;
-};
-
-// q and k, inputs and outputs, as [B, S, H, d] views (any strides, last dim contiguous), taken as
-// rows of d: row = token * (Hq + Hk) + head, q's heads first. Shared by the RoPE kernels.
-template <typename T>
-struct QkRows {
-  T* q_out;  // [B, S, Hq, d]
-  HeadStrides q_out_strides;
-  const T* q;  // [B, S, Hq, d]
-  HeadStrides q_strides;
-  T* k_out;  // [B, S, Hk, d]
-  HeadStrides k_out_strides;
-  const T* k;  // [B, S, Hk, d]
-  HeadStrides k_strides;
-  int64_t batch, seq;
-  int num_q_heads, num_k_heads;
-  // seq and heads() as 32-bit dividers, valid when `fast` (with_fast_divisors: every row index is
-  // below kFastDivmodLimit). A thread locates its row once, and many take a single step of it, so
-  // two 64-bit divisions (~70-instruction calls each) weighed on the short-row kernels.
-  FastDivmod seq_divisor, heads_divisor;
-  bool fast = false;
-
-  TK_HOST_DEVICE int heads() const { return num_q_heads + num_k_heads; }
-  TK_HOST_DEVICE int64_t num_rows() const { return batch * seq * heads(); }
-
-  // Host side: sets the 32-bit dividers when every row index allows them.
-  QkRows with_fast_divisors() const {
-    QkRows r = *this;
-    r.fast = seq > 0 && heads() > 0 && num_rows() < static_cast<int64_t>(kFastDivmodLimit);
-    if (r.fast) {
-      r.seq_divisor = FastDivmod(static_cast<uint32_t>(seq));
-      r.heads_divisor = FastDivmod(static_cast<uint32_t>(heads()));
-    }
-    return r;
-  }
-
-  // Token `token`'s (b, s).
-  TK_DEVICE void token_at(int64_t token, int64_t& b, int64_t& s) const {
-    if (fast) {
-      const uint32_t t = static_cast<uint32_t>(token), quotient = seq_divisor.div(t);
-      b = quotient;
-      s = t - quotient * seq_divisor.divisor;
-      return;
-    }
-    b = token / seq;
-    s = token % seq;
-  }
-
-  // Head `head` of token (b, s) (q's heads first): its input x and its output.
-  TK_DEVICE void head_at(int64_t b, int64_t s, int head, const T*& x, T*& out) const {
-    const bool is_q = head < num_q_heads;
-    const int h = is_q ? head : head - num_q_heads;
-    const HeadStrides& in = is_q ? q_strides : k_strides;
-    const HeadStrides& o = is_q ? q_out_strides : k_out_strides;
-    x = (is_q ? q : k) + b * in.b + s * in.s + h * in.h;
-    out = (is_q ? q_out : k_out) + b * o.b + s * o.s + h * o.h;
-  }
-
-  // Row `row`'s token (b, s) and head. The fast and slow paths stay apart, so that the compiler
-  // drops token_at's 64-bit division from the fast one (merged, they cost the HF kernel 10 registers).
-  TK_DEVICE void token_and_head(int64_t row, int64_t& b, int64_t& s, int& head) const {
-    if (fast) {
-      const uint32_t r = static_cast<uint32_t>(row), token = heads_divisor.div(r);
-      token_at(token, b, s);
-      head = static_cast<int>(r - token * heads_divisor.divisor);
-      return;
-    }
-    token_at(row / heads(), b, s);
-    head = static_cast<int>(row % heads());
-  }
-
-  // Row `row`'s token (b, s), its input x and its output.
-  TK_DEVICE void locate(int64_t row, int64_t& b, int64_t& s, const T*& x, T*& out) const {
-    if (fast) {
-      const uint32_t r = static_cast<uint32_t>(row), token = heads_divisor.div(r);
-      token_at(token, b, s);
-      head_at(b, s, static_cast<int>(r - token * heads_divisor.divisor), x, out);
-      return;
-    }
-    token_at(row / heads(), b, s);
-    head_at(b, s, static_cast<int>(row % heads()), x, out);
-  }
-
-  // True when every pointer and stride allows vec_t<T, kElems> (host side).
-  template <int kElems>
-  bool aligned() const {
-    auto strides_ok = [](const HeadStrides& st) { return st.b % kElems == 0 && st.s % kElems == 0 && st.h % kElems == 0; };
-    return is_vec_aligned<T, kElems>(q) && is_vec_aligned<T, kElems>(k) && is_vec_aligned<T, kElems>(q_out) &&
-           is_vec_aligned<T, kElems>(k_out) && strides_ok(q_strides) && strides_ok(k_strides) &&
-           strides_ok(q_out_strides) && strides_ok(k_out_strides);
-  }
-};
 
 // Bit-equality with torch's tables needs IEEE cosf/sinf and unfused products; fast math would
 // turn sincosf into __sinf/__cosf.
@@ -176,44 +82,29 @@ struct LtxCoords {
 };
 
 // Rows that share one computation of cos/sin: LTX's coordinate form takes q's and k's row of a
-// token together (TK_LTX_COORDS_ROWS=1 gives each row its own, for an A/B); otherwise one row.
-// (The fused q/k norm + RoPE kernel; rope() below groups the heads of the table forms itself.)
-#ifndef TK_LTX_COORDS_ROWS
-#define TK_LTX_COORDS_ROWS 2
-#endif
-static_assert(TK_LTX_COORDS_ROWS == 1 || TK_LTX_COORDS_ROWS == 2, "TK_LTX_COORDS_ROWS must be 1 or 2");
+// token together (Policy::kLtxCoordsRows); the table forms one row (the fused q/k norm + RoPE
+// kernel; rope() below groups the heads of the table forms itself).
+template <typename Policy>
 TK_HOST_DEVICE constexpr int rows_per_group(CosSinSource source) {
-  return source == CosSinSource::kLtxCoords ? TK_LTX_COORDS_ROWS : 1;
+  static_assert(Policy::kLtxCoordsRows == 1 || Policy::kLtxCoordsRows == 2, "kLtxCoordsRows must be 1 or 2");
+  return source == CosSinSource::kLtxCoords ? Policy::kLtxCoordsRows : 1;
 }
 
-// Vector steps of a row one thread takes at a time, all loads first: the coordinate form reads only
-// q and k, 32 bytes a step, and then computes its sines for a while. Kernel lab (H200, bf16,
-// ltx_rope_from_coords 2x8064x2048), 1 step at 48 registers: 72.1 %; 2 steps: 64.4 % at 48 (108
-// bytes of spills), 75.1 % at 64 (twice), 67.6 % at 72 (no spill, 3 blocks an SM). ncu of the
-// 1-step kernel: issue-bound (0.76 instructions per scheduler-cycle; ~490 a thread, 4 sincosf).
-#ifndef TK_LTX_COORDS_STEPS  // tuning knob for the kernel lab
-#define TK_LTX_COORDS_STEPS 2
-#endif
+// Vector steps of a row one thread takes at a time, all loads first (Policy::kLtxCoordsSteps for
+// the coordinate form, whose loads are few and whose sines are long; one otherwise).
+template <typename Policy>
 TK_HOST_DEVICE constexpr int steps_per_thread(CosSinSource source) {
-  return source == CosSinSource::kLtxCoords ? TK_LTX_COORDS_STEPS : 1;
+  return source == CosSinSource::kLtxCoords ? Policy::kLtxCoordsSteps : 1;
 }
 
-// At most this many consecutive heads of a token in one thread group of rope()'s table form: the
-// token's cos/sin are loaded once for all of them instead of once per head (a power of two; the
-// group takes the largest that divides the heads). Kernel lab (H200, bf16), 1 / 2 / 4 heads:
-// LTX tables 93.2 / 99.3 / 99.2 % of copy, Flux 74.8 / 79.8 / 75.9 %, HF 94.0 / 94.2 / 93.9 %
-// (60 and 96 registers against 36 for the interleaved kernel). vLLM's cache form lost (89.1 /
-// 77.9 / 84.5 %: 40 -> 78 / 127 registers for a 256-byte row read from L1), so it keeps one.
-#ifndef TK_ROPE_GROUP_ROWS  // tuning knob for the kernel lab
-#define TK_ROPE_GROUP_ROWS 2
-#endif
-static_assert(TK_ROPE_GROUP_ROWS == 1 || TK_ROPE_GROUP_ROWS == 2 || TK_ROPE_GROUP_ROWS == 4 || TK_ROPE_GROUP_ROWS == 8,
-              "TK_ROPE_GROUP_ROWS must be 1, 2, 4 or 8");
-
-// Heads per group for `heads` heads a token (q's and k's together): the largest power of two up
-// to TK_ROPE_GROUP_ROWS that divides them, so that a group never spans two tokens.
+// Heads per group for `heads` heads a token (q's and k's together) in rope()'s table form: the
+// largest power of two up to Policy::kMaxHeadsPerGroup that divides them, so that a group never
+// spans two tokens. The token's cos/sin are loaded once for all of the group's heads.
+template <typename Policy>
 inline int rope_group_rows(int heads) {
-  int rows = TK_ROPE_GROUP_ROWS;
+  constexpr int kMax = Policy::kMaxHeadsPerGroup;
+  static_assert(kMax == 1 || kMax == 2 || kMax == 4 || kMax == 8, "kMaxHeadsPerGroup must be 1, 2, 4 or 8");
+  int rows = kMax;
   while (rows > 1 && heads % rows != 0) rows /= 2;
   return rows;
 }
@@ -234,8 +125,6 @@ struct RopeParams {
 };
 
 namespace rope_detail {
-
-constexpr int kThreadsPerBlock = 256;
 
 // Rotates kPairs pairs (x1[i], x2[i]) into y1, y2: y1 = x1*c1 - x2*s1, y2 = x2*c2 + x1*s2, in fp32
 // with one rounding (kFp32Math), or as transformers' model-dtype code rounds each product and the
@@ -323,15 +212,15 @@ TK_DEVICE void store_pairs(T* row, int j0, int num_pairs, const T (&y1)[kPairs],
 // One thread handles kPairs pairs per step of each of its group's kRows rows: kRows consecutive
 // heads of one token (q's heads, then k's), which share the token's cos/sin. In the coordinate
 // form the group is q's and k's row of a token (the ops take [B, S, C]: one head each).
-template <typename T, typename table_t, RopeStyle kStyle, bool kFp32Math, int kPairs, CosSinSource kSource, int kRows>
+template <typename Policy, typename T, typename table_t, RopeStyle kStyle, bool kFp32Math, int kPairs,
+          CosSinSource kSource, int kRows>
 TK_DEVICE void rope_body(const RopeParams<T, table_t>& p) {
   constexpr bool kCache = kSource == CosSinSource::kCache;
   constexpr bool kCoords = kSource == CosSinSource::kLtxCoords;
   static_assert(!kCoords || (kStyle == RopeStyle::kInterleaved && kFp32Math), "LTX rotates interleaved pairs in fp32");
-  const int threads = 1 << p.log2_threads_per_row;
-  const int lane = threadIdx.x & (threads - 1);
-  const int64_t group = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> p.log2_threads_per_row) +
-                        (threadIdx.x >> p.log2_threads_per_row);
+  const PowerOfTwoRows slot(p.log2_threads_per_row);
+  const int threads = slot.threads, lane = slot.lane;
+  const int64_t group = slot.row;
   if (group >= p.qk.num_rows() / kRows) return;
   int64_t b, s;
   const T* x[kRows];
@@ -376,7 +265,7 @@ TK_DEVICE void rope_body(const RopeParams<T, table_t>& p) {
   // transformers' form with tables in the model dtype, NeoX pairs: rotated_*_rn on the raw vectors.
   constexpr bool kPackedNeox = !kFp32Math && kSource == CosSinSource::kTables && kStyle == RopeStyle::kNeox &&
                                kPairs > 1 && std::is_same_v<table_t, T>;
-  constexpr int kSteps = steps_per_thread(kSource);
+  constexpr int kSteps = steps_per_thread<Policy>(kSource);
   for (int j_first = lane * kPairs; j_first < num_pairs; j_first += threads * kPairs * kSteps) {
     if constexpr (kPackedNeox) {
       const int j0 = j_first;
@@ -446,33 +335,33 @@ TK_DEVICE void rope_body(const RopeParams<T, table_t>& p) {
   }
 }
 
-// Register cap of the coordinate form: with one step a thread ptxas picks 56 (4 blocks of 256
-// threads per SM), at 48 five fit (kernel lab: 69 -> 74 %); with two steps (TK_LTX_COORDS_STEPS),
-// 64: four blocks, 12 bytes of spills (above).
-#ifndef TK_LTX_COORDS_REGISTER_CAP  // tuning knob for the kernel lab
-#define TK_LTX_COORDS_REGISTER_CAP 64
-#endif
-
-template <typename T, typename table_t, RopeStyle kStyle, bool kFp32Math, int kPairs, CosSinSource kSource, int kRows>
+// The coordinate form runs under Policy::kLtxCoordsRegisterCap; the table forms keep ptxas's choice.
+template <typename Policy, typename T, typename table_t, RopeStyle kStyle, bool kFp32Math, int kPairs,
+          CosSinSource kSource, int kRows>
 constexpr auto rope_kernel() {
-  constexpr int kCap = kSource == CosSinSource::kLtxCoords ? TK_LTX_COORDS_REGISTER_CAP : kNoRegisterCap;
-  return kernel_entry_for<kCap, RopeParams<T, table_t>, rope_body<T, table_t, kStyle, kFp32Math, kPairs, kSource, kRows>>();
+  constexpr int kCap = kSource == CosSinSource::kLtxCoords ? Policy::kLtxCoordsRegisterCap : kNoRegisterCap;
+  return kernel_entry_for<kCap, RopeParams<T, table_t>,
+                          rope_body<Policy, T, table_t, kStyle, kFp32Math, kPairs, kSource, kRows>>();
 }
 
 // Launches the vector kernel with kRows heads per group for `rows` (a power of two <= kRows).
-template <typename T, typename table_t, RopeStyle kStyle, bool kFp32Math, int kPairs, CosSinSource kSource, int kRows>
+template <typename Policy, typename T, typename table_t, RopeStyle kStyle, bool kFp32Math, int kPairs,
+          CosSinSource kSource, int kRows>
 void launch_group_rows(int rows, dim3 grid, const RopeParams<T, table_t>& p, cudaStream_t stream) {
   if constexpr (kRows > 1) {
-    if (rows < kRows) return launch_group_rows<T, table_t, kStyle, kFp32Math, kPairs, kSource, kRows / 2>(rows, grid, p, stream);
+    if (rows < kRows)
+      return launch_group_rows<Policy, T, table_t, kStyle, kFp32Math, kPairs, kSource, kRows / 2>(rows, grid, p, stream);
   }
-  rope_kernel<T, table_t, kStyle, kFp32Math, kPairs, kSource, kRows>()<<<grid, kThreadsPerBlock, 0, stream>>>(p);
+  rope_kernel<Policy, T, table_t, kStyle, kFp32Math, kPairs, kSource, kRows>()
+      <<<grid, Policy::kBlockThreads, 0, stream>>>(p);
 }
 
 }  // namespace rope_detail
 
 // Host launcher. Vector steps (16 bytes of x per load) when pointers, strides and the rotary
 // width allow, one pair per step otherwise. Coordinate form: p.coords set, q and k one head each.
-template <RopeStyle kStyle, bool kFp32Math, CosSinSource kSource, typename T, typename table_t>
+template <RopeStyle kStyle, bool kFp32Math, CosSinSource kSource, typename Policy = RopePolicy, typename T,
+          typename table_t>
 cudaError_t rope(RopeParams<T, table_t> p, cudaStream_t stream) {
   constexpr bool kTables = kSource != CosSinSource::kLtxCoords;
   if (p.qk.num_rows() == 0 || p.head_dim == 0) return cudaSuccess;
@@ -490,28 +379,25 @@ cudaError_t rope(RopeParams<T, table_t> p, cudaStream_t stream) {
   const int pairs_per_step = vectorizable ? kVecPairs : 1;
   // Rows per thread group: the coordinate form's q and k; the table form's heads sharing cos/sin
   // on the vector path (the scalar path, for misaligned views, and the cache form keep one).
-  constexpr int kCoordsRows = rows_per_group(CosSinSource::kLtxCoords);
+  constexpr int kCoordsRows = rows_per_group<Policy>(CosSinSource::kLtxCoords);
   constexpr bool kGroupHeads = kSource == CosSinSource::kTables;
-  const int group_rows = !kTables ? kCoordsRows : (kGroupHeads && vectorizable ? rope_group_rows(p.qk.heads()) : 1);
+  const int group_rows = !kTables ? kCoordsRows : (kGroupHeads && vectorizable ? rope_group_rows<Policy>(p.qk.heads()) : 1);
   const int64_t groups = p.qk.num_rows() / group_rows;
   // Threads per row: a power of two covering the row's steps (at least one), at most a block.
-  constexpr int kThreadSteps = steps_per_thread(kSource);
-  const int steps = (num_pairs + pairs_per_step * kThreadSteps - 1) / (pairs_per_step * kThreadSteps);
-  int log2 = 0;
-  while ((1 << log2) < steps && (1 << log2) < rope_detail::kThreadsPerBlock) ++log2;
-  p.log2_threads_per_row = log2;
-  const int64_t groups_per_block = rope_detail::kThreadsPerBlock >> log2;
-  const dim3 grid(static_cast<unsigned>((groups + groups_per_block - 1) / groups_per_block));
-  constexpr int kHeadsRows = kGroupHeads ? TK_ROPE_GROUP_ROWS : 1;  // the largest group compiled
+  constexpr int kThreadSteps = steps_per_thread<Policy>(kSource);
+  const int64_t steps = ceil_div(num_pairs, pairs_per_step * kThreadSteps);
+  p.log2_threads_per_row = log2_threads_per_row(steps, Policy::kBlockThreads);
+  const dim3 grid = grid_for(groups, Policy::kBlockThreads >> p.log2_threads_per_row);
+  constexpr int kHeadsRows = kGroupHeads ? Policy::kMaxHeadsPerGroup : 1;  // the largest group compiled
   if (!vectorizable) {
-    rope_detail::rope_kernel<T, table_t, kStyle, kFp32Math, 1, kSource, !kTables ? kCoordsRows : 1>()
-        <<<grid, rope_detail::kThreadsPerBlock, 0, stream>>>(p);
+    rope_detail::rope_kernel<Policy, T, table_t, kStyle, kFp32Math, 1, kSource, !kTables ? kCoordsRows : 1>()
+        <<<grid, Policy::kBlockThreads, 0, stream>>>(p);
   } else if constexpr (!kTables) {
-    rope_detail::rope_kernel<T, table_t, kStyle, kFp32Math, kVecPairs, kSource, kCoordsRows>()
-        <<<grid, rope_detail::kThreadsPerBlock, 0, stream>>>(p);
+    rope_detail::rope_kernel<Policy, T, table_t, kStyle, kFp32Math, kVecPairs, kSource, kCoordsRows>()
+        <<<grid, Policy::kBlockThreads, 0, stream>>>(p);
   } else {
-    rope_detail::launch_group_rows<T, table_t, kStyle, kFp32Math, kVecPairs, kSource, kHeadsRows>(group_rows, grid, p,
-                                                                                                   stream);
+    rope_detail::launch_group_rows<Policy, T, table_t, kStyle, kFp32Math, kVecPairs, kSource, kHeadsRows>(
+        group_rows, grid, p, stream);
   }
   return cudaGetLastError();
 }

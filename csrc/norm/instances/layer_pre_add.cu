@@ -1,7 +1,7 @@
 // Kernel instantiations of the norm family: layer pre add.
-#include "norm/norm_dispatch.cuh"
+#include "norm/norm_instances.cuh"
 
-namespace transformer_kernels::norm_binding {
-template void dispatch_dtypes<NormType::kLayer, PreAdd::kResidual, true>(const NormCall&);
-template void dispatch_dtypes<NormType::kLayer, PreAdd::kGated, true>(const NormCall&);
-}  // namespace transformer_kernels::norm_binding
+namespace transformer_kernels {
+template cudaError_t launch_norm<NormType::kLayer, PreAdd::kResidual, true>(const NormLaunch&, cudaStream_t);
+template cudaError_t launch_norm<NormType::kLayer, PreAdd::kGated, true>(const NormLaunch&, cudaStream_t);
+}  // namespace transformer_kernels

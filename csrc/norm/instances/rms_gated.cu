@@ -1,6 +1,6 @@
 // Kernel instantiations of the norm family: rms gated.
-#include "norm/norm_dispatch.cuh"
+#include "norm/norm_instances.cuh"
 
-namespace transformer_kernels::norm_binding {
-template void dispatch_dtypes<NormType::kRms, PreAdd::kGated, true>(const NormCall&);
-}  // namespace transformer_kernels::norm_binding
+namespace transformer_kernels {
+template cudaError_t launch_norm<NormType::kRms, PreAdd::kGated, true>(const NormLaunch&, cudaStream_t);
+}  // namespace transformer_kernels

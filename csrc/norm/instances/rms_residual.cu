@@ -1,7 +1,7 @@
 // Kernel instantiations of the norm family: rms residual.
-#include "norm/norm_dispatch.cuh"
+#include "norm/norm_instances.cuh"
 
-namespace transformer_kernels::norm_binding {
-template void dispatch_dtypes<NormType::kRms, PreAdd::kResidual, false>(const NormCall&);
-template void dispatch_dtypes<NormType::kRms, PreAdd::kResidual, true>(const NormCall&);
-}  // namespace transformer_kernels::norm_binding
+namespace transformer_kernels {
+template cudaError_t launch_norm<NormType::kRms, PreAdd::kResidual, false>(const NormLaunch&, cudaStream_t);
+template cudaError_t launch_norm<NormType::kRms, PreAdd::kResidual, true>(const NormLaunch&, cudaStream_t);
+}  // namespace transformer_kernels

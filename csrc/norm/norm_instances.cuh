@@ -1,0 +1,37 @@
+// The norm launchers the bindings call (norm_call.h), defined for the instantiation files in
+// instances/: each (norm, pre-add, modulation) combination compiles in its own torch-free unit, so
+// that they build in parallel and none parses torch's headers once per architecture.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <type_traits>
+
+#include "common/float_type.h"
+#include "norm/norm.cuh"
+
+namespace transformer_kernels {
+
+// The kernel for l's dtypes: weight x's or fp32; out x's, or fp32 for the unmodulated RMSNorm
+// (HF/diffusers rounding with an fp32 weight). cudaErrorInvalidValue for any other combination.
+template <NormType kNorm, PreAdd kPre, bool kMod>
+cudaError_t launch_norm(const NormLaunch& l, cudaStream_t stream) {
+  return with_float_type(l.x_type, [&](auto tag) -> cudaError_t {
+    using T = typename decltype(tag)::type;
+    constexpr FloatType kX = float_type_of<T>(), kF32 = FloatType::kFloat32;
+    if constexpr (kX == kF32) {
+      if (l.weight_type == kF32 && l.out_type == kF32) return norm<kNorm, kPre, kMod>(retyped<T, T, T>(l.params), stream);
+    } else {
+      if (l.weight_type == kX && l.out_type == kX) return norm<kNorm, kPre, kMod>(retyped<T, T, T>(l.params), stream);
+      if (l.weight_type == kF32 && l.out_type == kX)
+        return norm<kNorm, kPre, kMod>(retyped<T, float, T>(l.params), stream);
+      if constexpr (kNorm == NormType::kRms && !kMod) {
+        if (l.weight_type == kF32 && l.out_type == kF32)
+          return norm<kNorm, kPre, kMod>(retyped<T, float, float>(l.params), stream);
+      }
+    }
+    return cudaErrorInvalidValue;
+  });
+}
+
+}  // namespace transformer_kernels
