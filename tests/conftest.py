@@ -144,3 +144,12 @@ def poison_outputs(request):
     if grown:
         warnings.warn(f"{request.node.nodeid} allocated {grown} segment(s) past the NaN poison: outputs placed "
                       "there were not poisoned", stacklevel=1)
+
+
+def pytest_runtest_logreport(report):
+    """With TK_FAILURE_LOG set, each failure's traceback is appended to that file as it happens (also
+    from xdist workers' reports), so a run cut short by a time limit still says why tests failed."""
+    path = os.environ.get("TK_FAILURE_LOG")
+    if path and report.failed:
+        with open(path, "a") as f:
+            f.write(f"=== {report.nodeid} ({report.when})\n{report.longreprtext[-4000:]}\n")
