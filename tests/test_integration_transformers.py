@@ -315,10 +315,12 @@ def test_injected_model_matches_eager_on_gpu(tk, name):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("merge", [True, False], ids=["merged", "unmerged"])
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
-def test_qwen3_fused_attention_matches_eager_on_gpu(tk, attn):
+def test_qwen3_fused_attention_matches_eager_on_gpu(tk, attn, merge):
     """The fused q/k norm + RoPE kernel in a Qwen3 model with Qwen3-8B's head layout (GQA 4:1,
-    head_dim 128): prefill and a cached decode step against the eager model, within bf16 tolerance."""
+    head_dim 128), on q/k/v from one GEMM or three: prefill and a cached decode step against the
+    eager model, within bf16 tolerance."""
     config = transformers.Qwen3Config(hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                                       num_attention_heads=8, num_key_value_heads=2, head_dim=128, vocab_size=101,
                                       rope_theta=1000000.0, attn_implementation=attn)
@@ -329,7 +331,8 @@ def test_qwen3_fused_attention_matches_eager_on_gpu(tk, attn):
     ids = torch.randint(0, 101, (2, 37), device="cuda")
     expected = prefill_then_decode(model, ids)
     kernels = CountingKernels(tk)
-    assert inject(model, kernels).replaced["qk_norm_rope"] == 2
+    rule = "merged_qkv_qk_norm_rope" if merge else "qk_norm_rope"  # the report names the attention's path
+    assert inject(model, kernels, merge_projections=merge).replaced[rule] == 2
     for ours, eager in zip(prefill_then_decode(model, ids), expected):
         assert ((ours.float() - eager.float()).norm() / eager.float().norm()).item() < 1e-2
     assert kernels.calls["hf_qk_norm_rope"] == 4  # both layers, prefill and decode
