@@ -5,6 +5,8 @@ On CPU the decoder runs its static-buffer step without a graph (capture=False) a
 generate's greedy tokens, injected (with the eager stand-ins) or not; on the GPU the captured
 replays must equal the uncaptured steps, and the compiled generate must record its graphs once."""
 
+import inspect
+
 import pytest
 import torch
 
@@ -123,7 +125,7 @@ def graphs_recorded(call) -> int:
 def test_compiled_generate_records_no_graph_per_token_nor_more_than_stock(tk, name):
     """generate with the reduce-overhead, fullgraph compile config, stock and injected: tokens equal
     the eager generate's (fp32: no rounding-driven argmax flips), no CUDA-graph skips, and no
-    re-recording per token. With a cache kept across calls (``cache=``, reset per prompt) a later
+    re-recording per token. With a cache kept across calls (passed in, reset per prompt) a later
     generate records nothing, of 12 tokens or of 4. With generate's own static cache it may record
     one graph per call: transformers 5 builds a new ``StaticCache`` in every generate (its tensors,
     marked static addresses, land where the caching allocator puts them, and CUDA-graph trees
@@ -146,9 +148,11 @@ def test_compiled_generate_records_no_graph_per_token_nor_more_than_stock(tk, na
         compiled = dict(compile_config=compile_config_for_decode())
         cache = transformers.StaticCache(config=model.config, max_cache_len=ids.shape[1] + 12)
 
+        cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
         def kept_cache(tokens):
             cache.reset()
-            return generate(tokens, cache=cache, **compiled)
+            return generate(tokens, **{cache_arg: cache}, **compiled)
 
         with torch._inductor.config.patch({"triton.cudagraph_or_error": True}):
             outputs.append(generate(12, cache_implementation="static", **compiled))  # compiles, records
