@@ -214,12 +214,16 @@ def _patch_attention(module: torch.nn.Module, inj, kind: str, qk_norm: bool, mer
     original = type(module).forward
     cache_arg = _cache_arg(original)
     merged = inj.merge(module, "qkv", QKV, kind) if merge else None
+    # Qwen2/Qwen3 keep the window per layer, Mistral reads its config's, Llama has none. Read once:
+    # a hasattr on an nn.Module that lacks the attribute raises and catches, at every call.
+    window = module.__dict__.get("sliding_window", getattr(module.config, "sliding_window", None))
 
     # Arguments after position_embeddings pass through by keyword, as the decoder layer gives them.
     def forward(self, hidden_states, position_embeddings, attention_mask=None, **kwargs):
         cos, sin = position_embeddings
         dtype = hidden_states.dtype
-        kernel_ok = _on_kernel_device(hidden_states) and not torch.is_autocast_enabled(hidden_states.device.type)
+        device_type = hidden_states.device.type
+        kernel_ok = device_type in KERNEL_DEVICES and not torch.is_autocast_enabled(device_type)
         fused_norm = qk_norm and kernel_ok and (self.q_norm.weight.dtype == dtype and self.k_norm.weight.dtype == dtype
                                                 and cos.dtype == dtype)
         use_merged = merged is not None and kernel_ok and merged.use(hidden_states)  # use(): reports why not
@@ -263,8 +267,6 @@ def _patch_attention(module: torch.nn.Module, inj, kind: str, qk_norm: bool, mer
                 key_states, value_states = cache.update(key_states, value_states, self.layer_idx,
                                                         {"sin": sin, "cos": cos, "cache_position": cache_position})
         attention_interface = _attention_interface(modeling, self.config._attn_implementation)
-        # Qwen2/Qwen3 keep the window per layer, Mistral reads its config's, Llama has none
-        window = self.sliding_window if hasattr(self, "sliding_window") else getattr(self.config, "sliding_window", None)
         if window is not None:
             kwargs["sliding_window"] = window
         attn_output, attn_weights = attention_interface(
