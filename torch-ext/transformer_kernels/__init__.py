@@ -2,9 +2,12 @@
 
 Every op is registered in C++ under this build's op namespace (reach it through ``ops``) and has
 a fake implementation, so it runs under ``torch.compile(fullgraph=True)`` without graph breaks.
+Ops with a backward (``has_backward(name)``) train in eager and under ``torch.compile``; the others
+refuse inputs that require grad under grad mode instead of dropping their gradients.
 """
 
 from . import layers
+from ._autograd import has_backward
 from ._ops import add_op_namespace_prefix, ops
 from .activation import (
     act_mul,
@@ -16,6 +19,7 @@ from .activation import (
     silu,
     silu_and_mul,
 )
+from .loss import fused_linear_cross_entropy
 from .norm import (
     fused_add_rms_norm,
     fused_add_rms_norm_,
@@ -46,9 +50,11 @@ __all__ = [
     "flux_rotary_emb",
     "fused_add_rms_norm",
     "fused_add_rms_norm_",
+    "fused_linear_cross_entropy",
     "gated_add",
     "gated_add_norm_modulate",
     "geglu",
+    "has_backward",
     "gelu",
     "gelu_and_mul",
     "gelu_tanh_and_mul",

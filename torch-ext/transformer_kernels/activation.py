@@ -4,12 +4,18 @@ All compute in fp32 with ATen's formulas and round as the eager code does: ``act
 gated units ``act(a) * b`` twice (the activation's result, then the product), like
 ``F.silu(gate) * up`` in transformers' MLPs and ``h * F.gelu(gate)`` in diffusers' GEGLU. Inputs:
 CUDA float32/float16/bfloat16, last dimension contiguous, leading dimensions any strides.
+
+Training: the functional forms have a backward (``activation_backward``, ``act_and_mul_backward``,
+``act_mul_backward``: the activation recomputed from the saved input, eager autograd's rounding),
+so they work in eager and under ``torch.compile``. The ``out=`` forms are forward-only and refuse
+inputs that require grad under grad mode.
 """
 
 from typing import Optional
 
 import torch
 
+from ._autograd import NO_BACKWARD, OUT_FORM, refuse_grad, register_backward, unit_stride_rows
 from ._ops import add_op_namespace_prefix, ops
 
 ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
@@ -155,3 +161,70 @@ def _(x, y, gate):
 @torch.library.register_fake(add_op_namespace_prefix("gated_add_out"))
 def _(out, x, y, gate):
     _check_out("gated_add", out, x.shape, x.dtype)
+
+
+@torch.library.register_fake(add_op_namespace_prefix("activation_backward"))
+def _(grad, x, act):
+    _check_act("activation_backward", act)
+    return x.new_empty(x.shape)
+
+
+@torch.library.register_fake(add_op_namespace_prefix("act_and_mul_backward"))
+def _(grad, x, act, act_first):
+    _check_act("act_and_mul_backward", act)
+    torch._check(tuple(grad.shape) == tuple(_half_shape(x)),
+                 lambda: f"act_and_mul_backward: grad must have the output's shape {_half_shape(x)}, got {tuple(grad.shape)}")
+    return x.new_empty(x.shape)
+
+
+@torch.library.register_fake(add_op_namespace_prefix("act_mul_backward"))
+def _(grad, gate, up, act):
+    _check_act("act_mul_backward", act)
+    return gate.new_empty(gate.shape), gate.new_empty(gate.shape)
+
+
+# ---- autograd: each functional op's backward is its *_backward op; the rest refuse grad ----
+
+_activation_backward_op = ops.activation_backward.default
+_act_and_mul_backward_op = ops.act_and_mul_backward.default
+_act_mul_backward_op = ops.act_mul_backward.default
+
+
+def _setup_activation(ctx, inputs, output):
+    x, ctx.act = inputs
+    ctx.save_for_backward(x)
+
+
+def _setup_act_and_mul(ctx, inputs, output):
+    x, ctx.act, ctx.act_first = inputs
+    ctx.save_for_backward(x)
+
+
+def _setup_act_mul(ctx, inputs, output):
+    gate, up, ctx.act = inputs
+    ctx.save_for_backward(gate, up)
+
+
+def _activation_backward(ctx, grad):
+    (x,) = ctx.saved_tensors
+    return _activation_backward_op(unit_stride_rows(grad), x, ctx.act), None
+
+
+def _act_and_mul_backward(ctx, grad):
+    (x,) = ctx.saved_tensors
+    return _act_and_mul_backward_op(unit_stride_rows(grad), x, ctx.act, ctx.act_first), None, None
+
+
+def _act_mul_backward(ctx, grad):
+    gate, up = ctx.saved_tensors
+    grad_gate, grad_up = _act_mul_backward_op(unit_stride_rows(grad), gate, up, ctx.act)
+    return grad_gate, grad_up, None
+
+
+register_backward("activation", _activation_backward, _setup_activation)
+register_backward("act_and_mul", _act_and_mul_backward, _setup_act_and_mul)
+register_backward("act_mul", _act_mul_backward, _setup_act_mul)
+for _name in ("activation_out", "act_and_mul_out", "act_mul_out"):
+    refuse_grad(_name, OUT_FORM)
+for _name in ("activation_backward", "act_and_mul_backward", "act_mul_backward"):
+    refuse_grad(_name, NO_BACKWARD + " (no double backward)")

@@ -21,12 +21,27 @@ One launch rotates q and k. The forms follow the libraries they replace:
   k ``[T, Hk*d]``, R <= d.
 - ``flux_rotary_emb``: diffusers' Flux ``apply_rotary_emb`` (``use_real_unbind_dim=-1``) on q and k
   ``[B, S, H, d]`` with fp32 cos/sin ``[S, d]``: interleaved pairs per head, fp32 math.
+
+Training: ``apply_rotary_pos_emb``, ``ltx_rotary_emb``, ``flux_rotary_emb`` and ``ltx_rope_from_coords``
+have a backward (the rotation by -theta: the forward kernels with the sines transposed, in the
+forward's rounding); cos/sin, grid and freqs get no gradient and must not require grad (an error
+says so). The in-place inference forms ``apply_rotary_pos_emb_`` and ``rotary_embedding`` stay
+forward-only and refuse inputs that require grad under grad mode. (The fused q/k norm + RoPE ops'
+backward belongs to the norm family's training work.)
 """
 
 from typing import Optional, Tuple
 
 import torch
 
+from ._autograd import (
+    IN_PLACE_INFERENCE,
+    NO_BACKWARD,
+    check_no_grad,
+    refuse_grad,
+    register_backward,
+    unit_stride_rows,
+)
 from ._ops import add_op_namespace_prefix, ops
 
 STYLES = ("neox", "interleaved")
@@ -45,7 +60,8 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
 
 def apply_rotary_pos_emb_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                           unsqueeze_dim: int = 1) -> Tuple[torch.Tensor, torch.Tensor]:
-    """In-place ``apply_rotary_pos_emb``: q and k are overwritten and returned."""
+    """In-place ``apply_rotary_pos_emb``: q and k are overwritten and returned. Inference only (no
+    backward): under grad mode, inputs that require grad are refused; train with ``apply_rotary_pos_emb``."""
     _hf_rope_(q, k, cos, sin, unsqueeze_dim)
     return q, k
 
@@ -190,7 +206,8 @@ def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Te
     R/2 cosines then R/2 sines per row, in query's dtype (each op rounded, as vLLM computes) or
     float32 (one rounding). ``is_neox``: half rotation; else GPT-J's interleaved pairs. Channels
     ``>= R`` are left alone. A position outside ``[0, max_position)`` makes that token's rotated
-    channels NaN. Returns ``(query, key)``."""
+    channels NaN. Returns ``(query, key)``. Inference only (no backward): under grad mode, inputs
+    that require grad are refused."""
     _rope_cached_(positions, query, key, head_size, cos_sin_cache, "neox" if is_neox else "interleaved")
     return query, key
 
@@ -274,3 +291,68 @@ def _(q, k, grid, freqs):
 @torch.library.register_fake(add_op_namespace_prefix("ltx_qk_norm_rope_from_coords"))
 def _(q, k, q_weight, k_weight, eps, grid, freqs):
     return q.new_empty(q.shape), k.new_empty(k.shape)
+
+
+@torch.library.register_fake(add_op_namespace_prefix("rope_backward"))
+def _(grad_q, grad_k, cos, sin, style, fp32_math):
+    torch._check(style in STYLES, lambda: f"rope: style must be one of {STYLES}, got {style!r}")
+    return grad_q.new_empty(grad_q.shape), grad_k.new_empty(grad_k.shape)
+
+
+@torch.library.register_fake(add_op_namespace_prefix("ltx_rope_from_coords_backward"))
+def _(grad_q, grad_k, grid, freqs):
+    return grad_q.new_empty(grad_q.shape), grad_k.new_empty(grad_k.shape)
+
+
+# ---- autograd: the out-of-place rotations' backward is the rotation by -theta; the rest refuse grad ----
+
+_rope_backward = ops.rope_backward.default
+_ltx_rope_from_coords_backward = ops.ltx_rope_from_coords_backward.default
+
+
+def _setup_rope(ctx, inputs, output):
+    q, k, cos, sin, ctx.style, ctx.fp32_math = inputs
+    check_no_grad("rope", cos=cos, sin=sin)
+    ctx.save_for_backward(cos, sin)
+
+
+def _rope_backward_fn(ctx, grad_q, grad_k):
+    cos, sin = ctx.saved_tensors
+    dq, dk = _rope_backward(unit_stride_rows(grad_q), unit_stride_rows(grad_k), cos, sin, ctx.style, ctx.fp32_math)
+    return dq, dk, None, None, None, None
+
+
+def _setup_hf_rope(ctx, inputs, output):
+    q, k, cos, sin, ctx.unsqueeze_dim = inputs
+    check_no_grad("apply_rotary_pos_emb", cos=cos, sin=sin)
+    ctx.save_for_backward(cos, sin)
+
+
+def _hf_rope_backward_fn(ctx, grad_q, grad_k):
+    cos, sin = ctx.saved_tensors
+    # The kernels' [B, S, H, d] view of transformers' [B, H, S, d] (unsqueeze_dim 1), and back.
+    as_bshd = (lambda t: t.transpose(1, 2)) if ctx.unsqueeze_dim == 1 else (lambda t: t)
+    dq, dk = _rope_backward(as_bshd(unit_stride_rows(grad_q)), as_bshd(unit_stride_rows(grad_k)), cos, sin,
+                            "neox", False)
+    return as_bshd(dq), as_bshd(dk), None, None, None
+
+
+def _setup_ltx_rope_from_coords(ctx, inputs, output):
+    q, k, grid, freqs = inputs
+    check_no_grad("ltx_rope_from_coords", grid=grid, freqs=freqs)
+    ctx.save_for_backward(grid, freqs)
+
+
+def _ltx_rope_from_coords_backward_fn(ctx, grad_q, grad_k):
+    grid, freqs = ctx.saved_tensors
+    dq, dk = _ltx_rope_from_coords_backward(unit_stride_rows(grad_q), unit_stride_rows(grad_k), grid, freqs)
+    return dq, dk, None, None
+
+
+register_backward("rope", _rope_backward_fn, _setup_rope)
+register_backward("hf_rope", _hf_rope_backward_fn, _setup_hf_rope)
+register_backward("ltx_rope_from_coords", _ltx_rope_from_coords_backward_fn, _setup_ltx_rope_from_coords)
+for _name in ("rope_", "hf_rope_", "rope_cached_"):
+    refuse_grad(_name, IN_PLACE_INFERENCE)
+for _name in ("rope_backward", "ltx_rope_from_coords_backward"):
+    refuse_grad(_name, NO_BACKWARD + " (no double backward)")
