@@ -31,7 +31,8 @@ template <typename T>
 struct CrossEntropyParams {
   T* logits;              // [rows, vocab], row stride logits_stride: read, then overwritten by dl when grad_scale
   int64_t logits_stride;  // elements
-  const int64_t* target;  // [rows]
+  const int64_t* target;  // [rows], stride target_stride
+  int64_t target_stride;
   float* loss;            // [rows]
   const float* grad_scale = nullptr;  // [1] or [rows] (grad_scale_stride 0 or 1); nullptr: the loss only
   int64_t grad_scale_stride = 0;
@@ -140,7 +141,7 @@ TK_DEVICE void body(const CrossEntropyParams<T>& p) {
   const float eps = p.label_smoothing;
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
     T* __restrict__ logits = p.logits + row * p.logits_stride;
-    const int64_t t = p.target[row];
+    const int64_t t = p.target[row * p.target_stride];
     const bool ignored = t == p.ignore_index;
     const bool valid = !ignored && t >= 0 && t < vocab;
     float z_target = 0.f;

@@ -106,6 +106,7 @@ void cross_entropy_chunk(at::Tensor& logits, const at::Tensor& target, at::Tenso
       p.logits = static_cast<T*>(logits.data_ptr());
       p.logits_stride = logits.stride(0);
       p.target = target.const_data_ptr<int64_t>();
+      p.target_stride = target.stride(0);
       p.loss = loss.data_ptr<float>();
       p.grad_scale = scale != nullptr ? scale->const_data_ptr<float>() : nullptr;
       p.grad_scale_stride = scale != nullptr && scale->numel() > 1 ? 1 : 0;
