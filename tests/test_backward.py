@@ -247,7 +247,7 @@ def check_fp32_rope_backward(ours, x, g, cos, sin, eager_fn):
 @pytest.mark.parametrize("C", [2048, 96, 100])
 @pytest.mark.parametrize("offset", [0, 1], ids=["vectors", "pairs"])
 def test_ltx_rope_backward_tables_and_coords(tk, dtype, C, offset):
-    """ltx_rotary_emb (tables) and ltx_rope_from_coords: gradients vs float64, and the coordinate
+    """ltx_rope (tables) and ltx_rope_from_coords: gradients vs float64, and the coordinate
     form's gradient equal to the table form's with the module's tables, bit for bit."""
     from test_rope import ltx_coords_and_tables
 
@@ -258,12 +258,12 @@ def test_ltx_rope_backward_tables_and_coords(tk, dtype, C, offset):
     q, k = (t.detach().requires_grad_() for t in (qkv[..., :C], qkv[..., C: 2 * C]))
     gq, gk = random_input((B, S, C), dtype), random_input((B, S, C), dtype)
     dq, dk = torch.autograd.grad(tk.ltx_rope_from_coords(q, k, grid, freqs), (q, k), (gq, gk))
-    tq, tk_ = torch.autograd.grad(tk.ltx_rotary_emb(q, k, cos, sin), (q, k), (gq, gk))
+    tq, tk_ = torch.autograd.grad(tk.ltx_rope(q, k, cos, sin), (q, k), (gq, gk))
     assert torch.equal(dq, tq) and torch.equal(dk, tk_), "coordinate and table backward differ"
     for ours, x, g in ((dq, q, gq), (dk, k, gk)):
         check_fp32_rope_backward(ours, x, g, cos, sin, lambda t: diffusers_interleaved_rotary(t, cos, sin))
     cos_r, sin_r = ltx_tables(B, S, C)  # random tables too
-    dq, _ = torch.autograd.grad(tk.ltx_rotary_emb(q, k, cos_r, sin_r), (q, k), (gq, gk))
+    dq, _ = torch.autograd.grad(tk.ltx_rope(q, k, cos_r, sin_r), (q, k), (gq, gk))
     check_fp32_rope_backward(dq, q, gq, cos_r, sin_r, lambda t: diffusers_interleaved_rotary(t, cos_r, sin_r))
 
 
@@ -275,7 +275,7 @@ def test_flux_rope_backward(tk, dtype, H):
     angles = torch.rand(S, d // 2, device="cuda") * 100
     cos, sin = angles.cos().repeat_interleave(2, -1), angles.sin().repeat_interleave(2, -1)
     gq, gk = random_input(q.shape, dtype), random_input(k.shape, dtype)
-    dq, dk = torch.autograd.grad(tk.flux_rotary_emb(q, k, cos, sin), (q, k), (gq, gk))
+    dq, dk = torch.autograd.grad(tk.flux_rope(q, k, cos, sin), (q, k), (gq, gk))
     c, s = cos[None, :, None, :], sin[None, :, None, :]
     for ours, x, g in ((dq, q, gq), (dk, k, gk)):
         check_fp32_rope_backward(ours, x, g, c, s, lambda t: diffusers_interleaved_rotary(t, c, s))

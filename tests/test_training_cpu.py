@@ -318,7 +318,7 @@ def test_rope_tables_requiring_grad_are_refused(tk):
     q = torch.empty(1, 4, 2, 16, device="meta", requires_grad=True)
     cos = torch.empty(1, 4, 16, device="meta", requires_grad=True)
     with pytest.raises(RuntimeError, match="rope: cos requires grad"):
-        tk.flux_rotary_emb(q, q, cos[0], cos[0].detach())
+        tk.flux_rope(q, q, cos[0], cos[0].detach())
     with pytest.raises(RuntimeError, match="apply_rotary_pos_emb: sin requires grad"):
         tk.apply_rotary_pos_emb(q, q, cos.detach(), cos, 2)
     grid = torch.empty(1, 4, 3, device="meta", requires_grad=True)
@@ -356,15 +356,15 @@ def _meta_cases(tk):
         "apply_rotary_pos_emb": ((q, k), lambda q, k: tk.apply_rotary_pos_emb(q, k, cos, cos)),
         "apply_rotary_pos_emb_bshd": ((q, k), lambda q, k: tk.apply_rotary_pos_emb(
             q.transpose(1, 2), k.transpose(1, 2), cos, cos, unsqueeze_dim=2)),
-        "ltx_rotary_emb": ((x, y), lambda x, y: tk.ltx_rotary_emb(x, y, c32, c32)),
-        "flux_rotary_emb": ((fq, fk), lambda q, k: tk.flux_rotary_emb(q, k, fc, fc)),
+        "ltx_rope": ((x, y), lambda x, y: tk.ltx_rope(x, y, c32, c32)),
+        "flux_rope": ((fq, fk), lambda q, k: tk.flux_rope(q, k, fc, fc)),
         "ltx_rope_from_coords": ((x, y), lambda q, k: tk.ltx_rope_from_coords(q, k, grid, freqs)),
     }
 
 
 @pytest.mark.parametrize("case", ["silu", "gelu", "gelu_tanh", "silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul",
                                   "geglu", "act_mul", "apply_rotary_pos_emb", "apply_rotary_pos_emb_bshd",
-                                  "ltx_rotary_emb", "flux_rotary_emb", "ltx_rope_from_coords"])
+                                  "ltx_rope", "flux_rope", "ltx_rope_from_coords"])
 def test_backward_traces_on_meta(tk, case):
     inputs, fn = _meta_cases(tk)[case]
     out = fn(*inputs)
@@ -389,7 +389,7 @@ def test_flce_traces_on_meta(tk, reduction, bias):
 
 
 @pytest.mark.parametrize("case", ["silu_and_mul", "act_mul", "apply_rotary_pos_emb", "ltx_rope_from_coords",
-                                  "flux_rotary_emb"])
+                                  "flux_rope"])
 def test_training_step_compiles_fullgraph_on_meta(tk, case):
     """torch.compile traces forward and backward (AOTAutograd) with no graph break."""
     torch._dynamo.reset()

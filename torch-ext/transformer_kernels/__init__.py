@@ -2,6 +2,10 @@
 
 Every op is registered in C++ under this build's op namespace (reach it through ``ops``) and has
 a fake implementation, so it runs under ``torch.compile(fullgraph=True)`` without graph breaks.
+A function has the name of the op it calls, except where it keeps the name of the library function
+it replaces (``apply_rotary_pos_emb``, vLLM's ``rotary_embedding``, ``silu_and_mul``, ...) or is
+a model's form of a shared op (``ltx_rope``, ``flux_rope``, ``ltx_qk_norm_rope``); those name
+their op in their docstrings.
 Ops with a backward (``has_backward(name)``) train in eager and under ``torch.compile``; the others
 refuse inputs that require grad under grad mode instead of dropping their gradients.
 """
@@ -31,13 +35,13 @@ from .norm import (
 from .rope import (
     apply_rotary_pos_emb,
     apply_rotary_pos_emb_,
-    qk_norm_rope,
-    flux_rotary_emb,
+    flux_rope,
+    hf_qk_norm_rope,
     ltx_qk_norm_rope,
     ltx_qk_norm_rope_from_coords,
-    ltx_rotary_emb,
+    ltx_rope,
     ltx_rope_from_coords,
-    hf_qk_norm_rope,
+    qk_norm_rope,
     rotary_embedding,
 )
 
@@ -46,8 +50,7 @@ __all__ = [
     "add_op_namespace_prefix",
     "apply_rotary_pos_emb",
     "apply_rotary_pos_emb_",
-    "qk_norm_rope",
-    "flux_rotary_emb",
+    "flux_rope",
     "fused_add_rms_norm",
     "fused_add_rms_norm_",
     "fused_linear_cross_entropy",
@@ -58,15 +61,16 @@ __all__ = [
     "gelu",
     "gelu_and_mul",
     "gelu_tanh_and_mul",
+    "hf_qk_norm_rope",
     "layer_norm",
     "layers",
     "ltx_qk_norm_rope",
     "ltx_qk_norm_rope_from_coords",
-    "ltx_rotary_emb",
+    "ltx_rope",
     "ltx_rope_from_coords",
     "norm_modulate",
     "ops",
-    "hf_qk_norm_rope",
+    "qk_norm_rope",
     "rms_norm",
     "rotary_embedding",
     "silu",

@@ -31,7 +31,8 @@ def _any_channel_stride(forward):
 
 
 class RMSNorm(torch.nn.Module):
-    """RMSNorm for transformers' ``LlamaRMSNorm`` family, diffusers' ``RMSNorm`` and ``torch.nn.RMSNorm``.
+    """RMSNorm for transformers' ``LlamaRMSNorm`` family, diffusers' ``RMSNorm`` and ``torch.nn.RMSNorm``
+    (op ``rms_norm``).
 
     The host module's type picks the rounding, so the output matches the module being replaced:
     ``variance_epsilon`` (transformers) -> ``"hf"``; ``torch.nn.RMSNorm`` -> ``"torch"`` (its
@@ -62,7 +63,7 @@ class RMSNorm(torch.nn.Module):
 
 
 class LayerNorm(torch.nn.Module):
-    """LayerNorm over the last dimension for ``torch.nn.LayerNorm`` (weight and bias optional).
+    """LayerNorm over the last dimension for ``torch.nn.LayerNorm`` (weight and bias optional; op ``layer_norm``).
 
     Shapes:
         - input: ``[..., hidden]``
@@ -85,7 +86,7 @@ class LayerNorm(torch.nn.Module):
 
 
 class Silu(torch.nn.Module):
-    """``F.silu(x)`` (transformers' ``SiLUActivation``)."""
+    """``F.silu(x)`` (transformers' ``SiLUActivation``): ``silu``, op ``activation``."""
 
     can_torch_compile: bool = True
     has_backward: bool = False
@@ -96,7 +97,7 @@ class Silu(torch.nn.Module):
 
 
 class Gelu(torch.nn.Module):
-    """``F.gelu(x)`` with erf."""
+    """``F.gelu(x)`` with erf: ``gelu``, op ``activation``."""
 
     can_torch_compile: bool = True
     has_backward: bool = False
@@ -107,7 +108,7 @@ class Gelu(torch.nn.Module):
 
 
 class GeluTanh(torch.nn.Module):
-    """``F.gelu(x, approximate="tanh")`` (transformers' ``GELUTanh``)."""
+    """``F.gelu(x, approximate="tanh")`` (transformers' ``GELUTanh``): ``gelu``, op ``activation``."""
 
     can_torch_compile: bool = True
     has_backward: bool = False
@@ -118,7 +119,7 @@ class GeluTanh(torch.nn.Module):
 
 
 class SiluAndMul(torch.nn.Module):
-    """``silu(x[..., :H]) * x[..., H:]``."""
+    """``silu(x[..., :H]) * x[..., H:]``: ``silu_and_mul``, op ``act_and_mul``."""
 
     can_torch_compile: bool = True
     has_backward: bool = False
@@ -128,7 +129,7 @@ class SiluAndMul(torch.nn.Module):
 
 
 class GeluAndMul(torch.nn.Module):
-    """``gelu(x[..., :H]) * x[..., H:]`` (erf)."""
+    """``gelu(x[..., :H]) * x[..., H:]`` (erf): ``gelu_and_mul``, op ``act_and_mul``."""
 
     can_torch_compile: bool = True
     has_backward: bool = False
@@ -138,7 +139,7 @@ class GeluAndMul(torch.nn.Module):
 
 
 class GeluTanhAndMul(torch.nn.Module):
-    """``gelu_tanh(x[..., :H]) * x[..., H:]``."""
+    """``gelu_tanh(x[..., :H]) * x[..., H:]``: ``gelu_tanh_and_mul``, op ``act_and_mul``."""
 
     can_torch_compile: bool = True
     has_backward: bool = False
@@ -149,7 +150,7 @@ class GeluTanhAndMul(torch.nn.Module):
 
 class RotaryPosEmb(torch.nn.Module):
     """transformers' ``apply_rotary_pos_emb`` (hub function name ``"rotary_pos_emb"``): q and k rotated
-    in one launch; returns ``(q_embed, k_embed)``.
+    in one launch (``apply_rotary_pos_emb``, op ``hf_rope``); returns ``(q_embed, k_embed)``.
 
     Shapes:
         - q: ``[B, Hq, S, d]``, k: ``[B, Hk, S, d]`` (``unsqueeze_dim=1``)
