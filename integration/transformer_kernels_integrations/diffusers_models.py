@@ -10,6 +10,11 @@ fuse (an LTX block claims its norm1/norm2), so nothing is patched twice.
 
 How modules are patched (and how hooks survive) is in ``patching.py``. ``enable_model_cpu_offload``
 hooks whole components, so injecting before or after it works.
+
+Training (``inject(model)`` on a model in training mode, or ``training=True``, e.g. LoRA fine-tuning):
+a rule is applied only when the ops it needs (``RULE_OPS``) have a backward; the attention
+processors then run the q/k norms with our kernel where it has a backward and with the modules' own
+norms otherwise, and the rotations with ours.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from typing import Callable, NamedTuple
 import torch
 
 from .loading import load_kernel
-from .patching import InjectionReport, Rule, apply_rules, forward_from, layer_forward, named, set_forward
+from .patching import InjectionReport, Rule, apply_rules, for_training, forward_from, layer_forward, named, set_forward
 
 # ---- patched forwards (bound to the module they replace) ----
 
@@ -137,8 +142,12 @@ class FluxAttnProcessor:
     _attention_backend = None
     _parallel_config = None
 
-    def __init__(self, tk: ModuleType):
+    def __init__(self, tk: ModuleType, ours: Callable[[str], bool] = lambda op: True):
         self.tk = tk
+        self.ours = ours  # which ops to run (training: those with a backward); the others run eager
+
+    def _qk_norm(self, norm: torch.nn.RMSNorm, x: torch.Tensor) -> torch.Tensor:
+        return _torch_rms_norm(self.tk, norm, x) if self.ours("rms_norm") else norm(x)
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None):
         from diffusers.models.attention_dispatch import dispatch_attention_fn
@@ -146,12 +155,12 @@ class FluxAttnProcessor:
 
         query, key, value, encoder_query, encoder_key, encoder_value = _get_qkv_projections(
             attn, hidden_states, encoder_hidden_states)
-        query = _torch_rms_norm(self.tk, attn.norm_q, query.unflatten(-1, (-1, attn.head_dim)))
-        key = _torch_rms_norm(self.tk, attn.norm_k, key.unflatten(-1, (-1, attn.head_dim)))
+        query = self._qk_norm(attn.norm_q, query.unflatten(-1, (-1, attn.head_dim)))
+        key = self._qk_norm(attn.norm_k, key.unflatten(-1, (-1, attn.head_dim)))
         value = value.unflatten(-1, (-1, attn.head_dim))
         if attn.added_kv_proj_dim is not None:
-            encoder_query = _torch_rms_norm(self.tk, attn.norm_added_q, encoder_query.unflatten(-1, (-1, attn.head_dim)))
-            encoder_key = _torch_rms_norm(self.tk, attn.norm_added_k, encoder_key.unflatten(-1, (-1, attn.head_dim)))
+            encoder_query = self._qk_norm(attn.norm_added_q, encoder_query.unflatten(-1, (-1, attn.head_dim)))
+            encoder_key = self._qk_norm(attn.norm_added_k, encoder_key.unflatten(-1, (-1, attn.head_dim)))
             encoder_value = encoder_value.unflatten(-1, (-1, attn.head_dim))
             query = torch.cat([encoder_query, query], dim=1)
             key = torch.cat([encoder_key, key], dim=1)
@@ -186,8 +195,9 @@ class LTXAttnProcessor:
     _attention_backend = None
     _parallel_config = None
 
-    def __init__(self, tk: ModuleType):
+    def __init__(self, tk: ModuleType, ours: Callable[[str], bool] = lambda op: True):
         self.tk = tk
+        self.ours = ours  # which ops to run (training: those with a backward); the others run eager
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None):
         from diffusers.models.attention_dispatch import dispatch_attention_fn
@@ -207,7 +217,8 @@ class LTXAttnProcessor:
         # image_rotary_emb: the rope module's (cos, sin) tables, or its coordinates (LTXRopeCoords)
         # where inject patched the rope module (the kernel then computes cos/sin itself)
         from_coords = isinstance(image_rotary_emb, LTXRopeCoords)
-        if image_rotary_emb is not None and eps is not None and query.shape[1] == key.shape[1]:
+        fused_op = "ltx_qk_norm_rope_from_coords" if from_coords else "qk_norm_rope"
+        if image_rotary_emb is not None and eps is not None and query.shape[1] == key.shape[1] and self.ours(fused_op):
             # self-attention: both norms and the rotation in one launch
             fused = self.tk.ltx_qk_norm_rope_from_coords if from_coords else self.tk.ltx_qk_norm_rope
             query, key = fused(query, key, attn.norm_q.weight, attn.norm_k.weight, eps, *image_rotary_emb)
@@ -229,7 +240,7 @@ class LTXAttnProcessor:
         return attn.to_out[1](hidden_states)
 
     def _qk_norm(self, norm: torch.nn.RMSNorm, x: torch.Tensor) -> torch.Tensor:
-        return _torch_rms_norm(self.tk, norm, x)
+        return _torch_rms_norm(self.tk, norm, x) if self.ours("rms_norm") else norm(x)
 
 
 class LTXRopeCoords(NamedTuple):
@@ -309,27 +320,49 @@ def _ltx_rope_coords_patch(model: torch.nn.Module, tk: ModuleType) -> None:
     set_forward(model.rope, ltx_rope_coords)
 
 
-RULES: tuple[Rule, ...] = (
-    Rule("ltx_rope_coords", named("LTXVideoTransformer3DModel"), _ltx_rope_coords_patch, skip=_ltx_rope_skip),
-    Rule("ltx_block", named("LTXVideoTransformerBlock"), forward_from(_ltx_block_forward), claims=("norm1", "norm2")),
-    Rule("ltx_attention", named("LTXAttention"), lambda m, tk: m.set_processor(LTXAttnProcessor(tk)),
-         claims=("norm_q", "norm_k"), skip=_ltx_attention_skip),
-    Rule("flux_attention", named("FluxAttention"), lambda m, tk: m.set_processor(FluxAttnProcessor(tk)),
-         claims=("norm_q", "norm_k", "norm_added_q", "norm_added_k"), skip=_flux_attention_skip),
-    Rule("adaln_zero", named("AdaLayerNormZero"), forward_from(_adaln_zero_forward), claims=("norm",),
-         skip=_adaln_skip),
-    Rule("adaln_zero_single", named("AdaLayerNormZeroSingle"), forward_from(_adaln_zero_single_forward),
-         claims=("norm",), skip=_adaln_skip),
-    Rule("sd35_adaln_zero_x", named("SD35AdaLayerNormZeroX"), forward_from(_sd35_adaln_zero_x_forward),
-         claims=("norm",), skip=_adaln_skip),
-    Rule("adaln_continuous", named("AdaLayerNormContinuous"), forward_from(_adaln_continuous_forward),
-         claims=("norm",), skip=_adaln_skip),
-    Rule("gelu", named("GELU"), forward_from(_gelu_forward), skip=_gelu_skip),
-    Rule("rms_norm", named("RMSNorm"), layer_forward("RMSNorm")),
-    Rule("layer_norm", named("LayerNorm", "FP32LayerNorm"), layer_forward("LayerNorm"),
-         skip=lambda m: "FP32LayerNorm computes in fp32 on purpose" if type(m).__name__ == "FP32LayerNorm"
-         else _layer_norm_skip(m)),
-)
+def _rules(ours: Callable[[ModuleType], Callable[[str], bool]]) -> tuple[Rule, ...]:
+    """The table; ``ours(tk)`` says which ops the attention processors run (the rest eager)."""
+    return (
+        Rule("ltx_rope_coords", named("LTXVideoTransformer3DModel"), _ltx_rope_coords_patch, skip=_ltx_rope_skip),
+        Rule("ltx_block", named("LTXVideoTransformerBlock"), forward_from(_ltx_block_forward),
+             claims=("norm1", "norm2")),
+        Rule("ltx_attention", named("LTXAttention"), lambda m, tk: m.set_processor(LTXAttnProcessor(tk, ours(tk))),
+             claims=("norm_q", "norm_k"), skip=_ltx_attention_skip),
+        Rule("flux_attention", named("FluxAttention"), lambda m, tk: m.set_processor(FluxAttnProcessor(tk, ours(tk))),
+             claims=("norm_q", "norm_k", "norm_added_q", "norm_added_k"), skip=_flux_attention_skip),
+        Rule("adaln_zero", named("AdaLayerNormZero"), forward_from(_adaln_zero_forward), claims=("norm",),
+             skip=_adaln_skip),
+        Rule("adaln_zero_single", named("AdaLayerNormZeroSingle"), forward_from(_adaln_zero_single_forward),
+             claims=("norm",), skip=_adaln_skip),
+        Rule("sd35_adaln_zero_x", named("SD35AdaLayerNormZeroX"), forward_from(_sd35_adaln_zero_x_forward),
+             claims=("norm",), skip=_adaln_skip),
+        Rule("adaln_continuous", named("AdaLayerNormContinuous"), forward_from(_adaln_continuous_forward),
+             claims=("norm",), skip=_adaln_skip),
+        Rule("gelu", named("GELU"), forward_from(_gelu_forward), skip=_gelu_skip),
+        Rule("rms_norm", named("RMSNorm"), layer_forward("RMSNorm")),
+        Rule("layer_norm", named("LayerNorm", "FP32LayerNorm"), layer_forward("LayerNorm"),
+             skip=lambda m: "FP32LayerNorm computes in fp32 on purpose" if type(m).__name__ == "FP32LayerNorm"
+             else _layer_norm_skip(m)),
+    )
+
+
+RULES: tuple[Rule, ...] = _rules(lambda tk: lambda op: True)
+
+# The ops each rule needs (the C++ ops' names): in training a rule is applied only when all have a
+# backward. The attention processors' q/k norms are not listed: without a backward they run eager.
+RULE_OPS: dict[str, tuple[str, ...]] = {
+    "ltx_rope_coords": ("ltx_rope_from_coords",),
+    "ltx_block": ("norm_modulate", "gated_add", "gated_add_norm_modulate"),
+    "ltx_attention": ("rope", "ltx_rope_from_coords"),
+    "flux_attention": ("rope",),
+    "adaln_zero": ("norm_modulate",),
+    "adaln_zero_single": ("norm_modulate",),
+    "sd35_adaln_zero_x": ("norm_modulate",),
+    "adaln_continuous": ("norm_modulate",),
+    "gelu": ("activation",),
+    "rms_norm": ("rms_norm",),
+    "layer_norm": ("layer_norm",),
+}
 
 
 def _models(pipe_or_model) -> list[tuple[str, torch.nn.Module]]:
@@ -341,8 +374,17 @@ def _models(pipe_or_model) -> list[tuple[str, torch.nn.Module]]:
     return [(name, m) for name, m in components.items() if isinstance(m, torch.nn.Module)]
 
 
-def inject(pipe_or_model, tk: ModuleType | None = None) -> InjectionReport:
+def inject(pipe_or_model, tk: ModuleType | None = None, training: bool | None = None) -> InjectionReport:
     """Patches every supported module of a pipeline's components (or of one model) in place.
 
-    Returns what was replaced, by kind, and the matching modules left alone with the reason."""
-    return apply_rules(_models(pipe_or_model), RULES, tk or load_kernel())
+    ``training`` (default: whether any of the models is in training mode): take only the ops that
+    have a backward (module docstring). Returns what was replaced, by kind, and the matching
+    modules left alone with the reason."""
+    models = _models(pipe_or_model)
+    tk = tk or load_kernel()
+    if training is None:
+        training = any(m.training for _, m in models)
+    if not training:
+        return apply_rules(models, RULES, tk)
+    has_backward = getattr(tk, "has_backward", lambda op: False)
+    return apply_rules(models, for_training(_rules(lambda tk: has_backward), RULE_OPS, tk), tk)

@@ -91,3 +91,23 @@ def apply_rules(models: Iterable[tuple[str, torch.nn.Module]], rules: Iterable[R
                 if reasons:
                     report.left[path or name] = "; ".join(reasons)
     return report
+
+
+def for_training(rules: Iterable[Rule], ops_of: dict[str, tuple[str, ...]], tk: ModuleType) -> tuple[Rule, ...]:
+    """The rules as training mode applies them: a rule whose ops (``ops_of[rule.kind]``) do not all
+    have a backward in ``tk`` skips every module with that reason (the module keeps its own forward,
+    which autograd differentiates), as does a rule missing from ``ops_of``. Builds without
+``has_backward`` have no backward at all."""
+    has_backward = getattr(tk, "has_backward", lambda name: False)
+
+    def gated(rule: Rule) -> Rule:
+        if rule.kind not in ops_of:
+            why = "training: the ops of this rule are not declared (no backward assumed)"
+        else:
+            missing = [op for op in ops_of[rule.kind] if not has_backward(op)]
+            if not missing:
+                return rule
+            why = f"training: {', '.join(missing)} {'has' if len(missing) == 1 else 'have'} no backward yet"
+        return Rule(rule.kind, rule.matches, rule.patch, rule.claims, skip=lambda m: why)
+
+    return tuple(gated(rule) for rule in rules)

@@ -19,8 +19,14 @@ Mistral, Qwen2 and Qwen3 share one table):
   of that modeling module in the process (as Liger's patching does); CPU tensors still take
   transformers' function.
 
+Training (``inject(model)`` on a model in training mode, or ``training=True``): only the rules whose
+ops all have a backward (``tk.has_backward``) are applied, the others are left with the reason, and
+a ``*ForCausalLM`` called with ``labels`` in training mode computes its loss with the fused linear
+cross-entropy (``causal_lm_loss``: ``lm_head`` and the loss chunk by chunk, the logits never
+materialized, as Liger's ``fused_linear_cross_entropy=True``; it then returns no logits).
+
 The Hub path is separate: ``kernelize`` with ``kernel_mapping()`` swaps in our ``RMSNorm``, ``Silu``
-and ``RotaryPosEmb`` layers.
+and ``RotaryPosEmb`` layers (``mode=Mode.TRAINING`` takes those whose ``has_backward`` is true).
 """
 
 from __future__ import annotations
@@ -33,7 +39,17 @@ from typing import Callable
 import torch
 
 from .loading import REPO_ID, load_kernel
-from .patching import InjectionReport, Rule, apply_rules, forward_from, layer_forward, named, set_forward, suffixed
+from .patching import (
+    InjectionReport,
+    Rule,
+    apply_rules,
+    for_training,
+    forward_from,
+    layer_forward,
+    named,
+    set_forward,
+    suffixed,
+)
 
 # Devices whose tensors go to the kernels; elsewhere (CPU) transformers' own code runs. Tests widen
 # it to run reference stand-ins for the kernels through the patched forwards on CPU.
@@ -203,6 +219,70 @@ def _rotary_skip(m) -> str | None:
     return None if callable(fn) else "its modeling module has no apply_rotary_pos_emb"
 
 
+# ---- training: the causal LM's loss through the fused linear cross-entropy ----
+
+
+def _causal_lm_loss(tk: ModuleType, module: torch.nn.Module, hidden: torch.Tensor, labels: torch.Tensor,
+                    num_items_in_batch=None, ignore_index: int = -100, shift_labels=None, **_) -> torch.Tensor:
+    """transformers' ``ForCausalLMLoss`` on ``lm_head(hidden)`` without the logits: the same label
+    shift (pad with ignore_index, drop the first), the same reduction (sum over
+    ``num_items_in_batch`` when given, else the mean over targets not ignored), and Gemma 2's
+    ``final_logit_softcapping`` when the config has one."""
+    if shift_labels is None:
+        shift_labels = torch.nn.functional.pad(labels, (0, 1), value=ignore_index)[..., 1:]
+    reduction = "sum" if num_items_in_batch is not None else "mean"
+    lm_head = module.lm_head
+    loss = tk.fused_linear_cross_entropy(hidden, lm_head.weight, shift_labels.to(hidden.device), lm_head.bias,
+                                         ignore_index=ignore_index, reduction=reduction,
+                                         softcap=getattr(module.config, "final_logit_softcapping", None))
+    if num_items_in_batch is not None:
+        loss = loss / (num_items_in_batch.to(loss.device) if torch.is_tensor(num_items_in_batch) else num_items_in_batch)
+    return loss
+
+
+def _patch_causal_lm(module: torch.nn.Module, tk: ModuleType) -> None:
+    original = type(module).forward
+    signature = inspect.signature(original)
+    var_keyword = next((p.name for p in signature.parameters.values() if p.kind is p.VAR_KEYWORD), None)
+
+    def forward(self, *args, **kwargs):
+        arguments = signature.bind(self, *args, **kwargs).arguments
+        labels = arguments.get("labels")
+        extra = dict(arguments.get(var_keyword) or {})
+        if (labels is None or not self.training or not torch.is_grad_enabled()
+                or arguments.get("logits_to_keep", 0) not in (0, None) or extra.get("return_dict") is False):
+            return original(self, *args, **kwargs)
+        model_arguments = {name: value for name, value in arguments.items()
+                           if name not in ("self", "labels", "logits_to_keep", var_keyword)}
+        outputs = self.model(**model_arguments, **extra)
+        hidden = outputs.last_hidden_state
+        if not _on_kernel_device(hidden):
+            logits = self.lm_head(hidden)
+            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **extra)
+        else:
+            logits, loss = None, _causal_lm_loss(tk, self, hidden, labels, **extra)
+        from transformers.modeling_outputs import CausalLMOutputWithPast
+
+        fields = CausalLMOutputWithPast.__dataclass_fields__
+        carried = {name: getattr(outputs, name, None) for name in fields if name not in ("loss", "logits")}
+        return CausalLMOutputWithPast(loss=loss, logits=logits, **carried)
+
+    set_forward(module, forward)
+
+
+def _causal_lm_skip(m) -> str | None:
+    head, config = getattr(m, "lm_head", None), getattr(m, "config", None)
+    if not isinstance(head, torch.nn.Linear) or not hasattr(m, "model"):
+        return "not a causal LM with a base model and a linear lm_head"
+    if head.out_features != getattr(config, "vocab_size", None):
+        return f"lm_head gives {head.out_features} logits, the config's vocabulary is {getattr(config, 'vocab_size', None)}"
+    if getattr(m, "loss_type", "ForCausalLM") != "ForCausalLM":
+        return f"its loss is {m.loss_type}, not transformers' causal LM loss"
+    if "labels" not in inspect.signature(type(m).forward).parameters:
+        return "its forward takes no labels"
+    return None
+
+
 RULES: tuple[Rule, ...] = (
     Rule("decoder_layer", suffixed("DecoderLayer"), forward_from(_decoder_layer_forward),
          claims=("post_attention_layernorm",), skip=_decoder_skip),
@@ -215,8 +295,30 @@ RULES: tuple[Rule, ...] = (
 )
 
 
-def inject(model: torch.nn.Module, tk: ModuleType | None = None) -> InjectionReport:
-    """Patches a transformers model in place; returns what was replaced and what was left, with why."""
+# The ops each rule's forward calls: in training, a rule is applied only when all have a backward.
+RULE_OPS: dict[str, tuple[str, ...]] = {
+    "decoder_layer": ("fused_add_rms_norm",),
+    "qk_norm_rope": ("hf_qk_norm_rope",),
+    "rope": ("hf_rope",),
+    "mlp": ("act_mul",),
+    "rms_norm": ("rms_norm",),
+    "causal_lm_loss": ("fused_linear_cross_entropy",),
+}
+
+# Applied in training only: the loss of a *ForCausalLM called with labels.
+TRAINING_RULES: tuple[Rule, ...] = (
+    Rule("causal_lm_loss", suffixed("ForCausalLM"), _patch_causal_lm, skip=_causal_lm_skip),
+)
+
+
+def inject(model: torch.nn.Module, tk: ModuleType | None = None, training: bool | None = None) -> InjectionReport:
+    """Patches a transformers model in place; returns what was replaced and what was left, with why.
+
+    ``training`` (default: ``model.training``): take only the ops that have a backward, and the fused
+    linear cross-entropy for the causal LM's loss."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"inject: expected a transformers model (torch.nn.Module), got {type(model).__name__}")
-    return apply_rules([("", model)], RULES, tk or load_kernel())
+    tk = tk or load_kernel()
+    training = model.training if training is None else training
+    rules = for_training(TRAINING_RULES + RULES, RULE_OPS, tk) if training else RULES
+    return apply_rules([("", model)], rules, tk)

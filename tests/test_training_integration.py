@@ -1,0 +1,208 @@
+"""Training through the integrations: inject() on a model in training mode takes only the ops that
+have a backward, and a causal LM called with labels computes its loss with the fused linear
+cross-entropy. On CPU the patched forwards run with the eager references standing in for the
+CUDA-only ops (the fused linear cross-entropy runs its own CPU path): the loss and every gradient
+must be the original model's. The GPU runs (tiny models trained for a few hundred steps against
+eager) are in tests/test_training_models.py."""
+
+import copy
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from helpers import EAGER_LAYERS, randomize_norm_weights
+from reference.activations import eager_act_mul
+from reference.rope import hf_apply_rotary_pos_emb
+
+transformers = pytest.importorskip("transformers")
+from transformer_kernels_integrations import transformers_models  # noqa: E402
+
+LLAMA = dict(hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, vocab_size=101)
+
+
+@pytest.fixture(autouse=True)
+def restore_rotary_functions(monkeypatch):
+    """inject() swaps the modeling module's apply_rotary_pos_emb: undone after each test."""
+    from transformers.models.llama import modeling_llama
+
+    monkeypatch.setattr(modeling_llama, "apply_rotary_pos_emb", modeling_llama.apply_rotary_pos_emb)
+
+
+def stand_in(tk):
+    """The kernel API on CPU: eager references for the CUDA-only ops, the build's own fused linear
+    cross-entropy (it has a CPU path) and its has_backward."""
+    return SimpleNamespace(
+        layers=EAGER_LAYERS, has_backward=tk.has_backward,
+        fused_linear_cross_entropy=tk.fused_linear_cross_entropy,
+        act_mul=lambda gate, up, activation="silu": eager_act_mul(gate, up, activation),
+        apply_rotary_pos_emb=hf_apply_rotary_pos_emb,
+    )
+
+
+def small_llama(seed=0, **overrides):
+    torch.manual_seed(seed)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**LLAMA, **overrides}))
+    randomize_norm_weights(model)
+    return model.train()
+
+
+def batch(seed=3, B=3, S=17, vocab=101):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (B, S), generator=g)
+    labels = ids.clone()
+    labels[0, :5] = -100  # a prompt that is not trained on
+    return ids, labels
+
+
+def test_training_report_takes_only_ops_with_a_backward(tk):
+    model = small_llama()
+    report = transformers_models.inject(model, tk)
+    expected = {"causal_lm_loss": 1, "mlp": 2, "rope": 2}
+    fused = tk.has_backward("fused_add_rms_norm")
+    if fused:
+        expected["decoder_layer"] = 2
+    if tk.has_backward("rms_norm"):  # the decoder layers claim the post-attention norms
+        expected["rms_norm"] = 3 if fused else 5
+    assert report.replaced == expected, report
+    assert {"causal_lm_loss", "mlp", "rope"} <= set(report.replaced)  # these have a backward here
+    for path, why in report.left.items():
+        assert why.startswith("training: ") and "no backward yet" in why, (path, why)
+    # inference mode: everything, and no loss rule
+    inference = transformers_models.inject(small_llama().eval(), tk)
+    assert "causal_lm_loss" not in inference.replaced and inference.replaced["rms_norm"] == 3
+
+
+def grads(model):
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("num_items", [False, True], ids=["mean", "num_items_in_batch"])
+def test_training_wiring_loss_and_gradients_match_eager_on_cpu(tk, monkeypatch, num_items):
+    eager = small_llama()
+    ours = copy.deepcopy(eager)
+    ids, labels = batch()
+    kwargs = dict(num_items_in_batch=torch.tensor(40)) if num_items else {}
+    out = eager(ids, labels=labels, **kwargs)
+    out.loss.backward()
+    monkeypatch.setattr(transformers_models, "KERNEL_DEVICES", ("cpu",))
+    report = transformers_models.inject(ours, stand_in(tk))
+    assert report.replaced["causal_lm_loss"] == 1
+    mine = ours(ids, labels=labels, **kwargs)
+    assert mine.logits is None  # never materialized
+    torch.testing.assert_close(mine.loss, out.loss, rtol=1e-6, atol=1e-6)
+    mine.loss.backward()
+    expected, got = grads(eager), grads(ours)
+    assert expected.keys() == got.keys()
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], rtol=1e-5, atol=1e-6, msg=name)
+    # eval mode, or no labels: transformers' own forward with its logits
+    ours.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids, labels=labels).logits, eager.eval()(ids, labels=labels).logits)
+
+
+def test_training_steps_track_eager_on_cpu(tk, monkeypatch):
+    """30 AdamW steps of a tiny Llama, fp32: the injected model's losses are eager's."""
+    eager = small_llama(seed=1)
+    ours = copy.deepcopy(eager)
+    monkeypatch.setattr(transformers_models, "KERNEL_DEVICES", ("cpu",))
+    transformers_models.inject(ours, stand_in(tk))
+    opts = [torch.optim.AdamW(m.parameters(), lr=3e-3) for m in (eager, ours)]
+    ids, labels = batch(seed=5, B=4, S=24)
+    curves = [[], []]
+    for _ in range(30):
+        for model, opt, curve in zip((eager, ours), opts, curves):
+            opt.zero_grad()
+            loss = model(ids, labels=labels).loss
+            loss.backward()
+            opt.step()
+            curve.append(loss.item())
+    assert curves[0][-1] < 0.5 * curves[0][0], "the memorization task did not train"
+    torch.testing.assert_close(torch.tensor(curves[1]), torch.tensor(curves[0]), rtol=1e-4, atol=1e-4)
+
+
+def test_tied_embeddings_and_softcap_config(tk, monkeypatch):
+    """A tied lm_head gets its gradient through both uses; a final_logit_softcapping config is applied."""
+    eager = small_llama(seed=2, tie_word_embeddings=True)
+    eager.config.final_logit_softcapping = None
+    ours = copy.deepcopy(eager)
+    ids, labels = batch(seed=7)
+    eager(ids, labels=labels).loss.backward()
+    monkeypatch.setattr(transformers_models, "KERNEL_DEVICES", ("cpu",))
+    transformers_models.inject(ours, stand_in(tk))
+    ours(ids, labels=labels).loss.backward()
+    torch.testing.assert_close(grads(ours)["model.embed_tokens.weight"], grads(eager)["model.embed_tokens.weight"],
+                               rtol=1e-5, atol=1e-6)
+    ours.config.final_logit_softcapping = 2.0
+    capped = ours(ids, labels=labels).loss
+    hidden = ours.model(ids).last_hidden_state
+    logits = torch.tanh(ours.lm_head(hidden) / 2.0) * 2.0
+    shift = torch.nn.functional.pad(labels, (0, 1), value=-100)[..., 1:]
+    ref = torch.nn.functional.cross_entropy(logits.view(-1, 101), shift.reshape(-1))
+    torch.testing.assert_close(capped, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_builds_without_backward_inject_nothing_in_training(tk):
+    old_build = SimpleNamespace(**{k: getattr(tk, k) for k in ("layers", "act_mul", "apply_rotary_pos_emb")})
+    report = transformers_models.inject(small_llama(), old_build)
+    assert not report.replaced and all("no backward" in why for why in report.left.values())
+
+
+def test_layer_flags_follow_the_ops(tk):
+    """A Hub layer declares has_backward exactly when every op it calls has one (kernelize's
+    Mode.TRAINING then picks it)."""
+    layer_ops = {"RMSNorm": ["rms_norm"], "LayerNorm": ["layer_norm"], "Silu": ["activation"],
+                 "Gelu": ["activation"], "GeluTanh": ["activation"], "SiluAndMul": ["act_and_mul"],
+                 "GeluAndMul": ["act_and_mul"], "GeluTanhAndMul": ["act_and_mul"], "RotaryPosEmb": ["hf_rope"]}
+    assert set(layer_ops) == set(tk.layers.__all__)
+    for name, ops in layer_ops.items():
+        assert getattr(tk.layers, name).has_backward == all(tk.has_backward(op) for op in ops), name
+
+
+# ---- diffusers ----
+
+def diffusers_stand_in(tk):
+    from test_integration_diffusers import EAGER_TK
+
+    return SimpleNamespace(**vars(EAGER_TK), has_backward=tk.has_backward)
+
+
+def test_diffusers_training_report_and_gradients_on_cpu(tk):
+    """A small LTX-Video transformer in training mode: the rules with a backward are applied (here the
+    GELU FFN, the attention's rotation from coordinates with its q/k norms eager where ours have no
+    backward), and the loss's gradients are the original model's exactly."""
+    pytest.importorskip("diffusers")
+    from test_integration_diffusers import ltx_inputs, small_ltx
+
+    from transformer_kernels_integrations import diffusers_models
+
+    eager = small_ltx().train()
+    ours = copy.deepcopy(eager)
+    inputs = ltx_inputs()
+    target = torch.randn(2, 72, 8, generator=torch.Generator().manual_seed(4))
+    torch.nn.functional.mse_loss(eager(**inputs)[0], target).backward()
+    report = diffusers_models.inject(ours, diffusers_stand_in(tk))
+    for kind, ops in diffusers_models.RULE_OPS.items():
+        if kind in report.replaced:
+            assert all(tk.has_backward(op) for op in ops), kind
+    assert {"gelu", "ltx_attention", "ltx_rope_coords"} <= set(report.replaced), report
+    for why in report.left.values():
+        assert why.startswith("training: "), why
+    torch.nn.functional.mse_loss(ours(**inputs)[0], target).backward()
+    expected, got = grads(eager), grads(ours)
+    assert expected.keys() == got.keys()
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], rtol=0, atol=0, msg=name)
+
+
+def test_diffusers_inference_injection_unchanged_by_training_rules(tk):
+    pytest.importorskip("diffusers")
+    from test_integration_diffusers import small_ltx
+
+    from transformer_kernels_integrations import diffusers_models
+
+    report = diffusers_models.inject(small_ltx(), tk)  # small_ltx is in eval mode
+    assert report.replaced == {"ltx_rope_coords": 1, "ltx_block": 2, "ltx_attention": 4, "gelu": 3, "layer_norm": 1}
+
