@@ -14,13 +14,13 @@ from reference.loss import eager_causal_lm_loss, linear_cross_entropy_float64, s
 pytestmark = pytest.mark.gpu
 
 
-def inputs(N, H, V, dtype, ignore_share=0.2, bias=False, seed=0, scale=1.0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    hidden = (torch.randn(N, H, device="cuda", generator=g) * scale + 0.1).to(dtype).requires_grad_()
-    weight = (torch.randn(V, H, device="cuda", generator=g) / math.sqrt(H)).to(dtype).requires_grad_()
-    target = torch.randint(0, V, (N,), device="cuda", generator=g)
-    target[torch.rand(N, device="cuda", generator=g) < ignore_share] = -100
-    b = (torch.randn(V, device="cuda", generator=g) * 0.3).to(dtype).requires_grad_() if bias else None
+def inputs(N, H, V, dtype, ignore_share=0.2, bias=False, seed=0, scale=1.0, device="cuda"):
+    g = torch.Generator(device=device).manual_seed(seed)
+    hidden = (torch.randn(N, H, device=device, generator=g) * scale + 0.1).to(dtype).requires_grad_()
+    weight = (torch.randn(V, H, device=device, generator=g) / math.sqrt(H)).to(dtype).requires_grad_()
+    target = torch.randint(0, V, (N,), device=device, generator=g)
+    target[torch.rand(N, device=device, generator=g) < ignore_share] = -100
+    b = (torch.randn(V, device=device, generator=g) * 0.3).to(dtype).requires_grad_() if bias else None
     return hidden, weight, target, b
 
 
@@ -59,7 +59,8 @@ def check(ours_loss, ours_grads, ref_loss, ref_grads, hidden, weight, target, b,
         assert (ours_loss.double() - ref_loss).abs() <= total + 1e-6, f"loss {ours_loss.item()} vs {ref_loss.item()}"
     # gradients: relative to what their GEMMs sum (|dl| |W|, |dl|^T |h|, sum |dl|)
     p = torch.softmax(softcapped(logits, options.get("softcap")), -1)
-    dl_mag = p + (torch.arange(p.shape[1], device=p.device) == target.clamp(min=0)[:, None]).double()
+    onehot = (torch.arange(p.shape[1], device=p.device) == target.clamp(min=0)[:, None]).double()
+    dl_mag = p + onehot + options.get("label_smoothing", 0.0) / p.shape[1]
     dl_mag = dl_mag * valid[:, None]
     scale = 1 / max(1, valid.sum().item()) if options.get("reduction", "mean") == "mean" else 1.0
     if grad_out is not None:  # the incoming gradient: per row ("none") or one
@@ -109,10 +110,10 @@ def test_flce_vs_float64(tk, dtype, options, bias):
 
 @pytest.mark.parametrize("N, H, V, chunk_rows", [
     (1, 64, 7, 0),          # one token, a vocabulary smaller than a vector
-    (37, 64, 32001, 0),     # Llama-2's vocabulary: not a multiple of 8
-    (1000, 256, 50257, 0),  # GPT-2's: the chunking rule picks 256-token chunks
+    (37, 64, 32001, 0),     # Llama-2's vocabulary (not a multiple of 8): one-token chunks by the rule
+    (1000, 256, 50257, 0),  # GPT-2's: the rule picks 8-token chunks (125)
     (513, 64, 4096, 512),   # a last chunk of one token
-    (64, 2048, 128256, 0),  # Llama-3's vocabulary, one chunk
+    (64, 2048, 128256, 0),  # Llama-3's vocabulary: 2-token chunks (32)
 ])
 def test_flce_shapes_and_chunks(tk, N, H, V, chunk_rows):
     dtype = torch.bfloat16

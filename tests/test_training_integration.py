@@ -206,3 +206,38 @@ def test_diffusers_inference_injection_unchanged_by_training_rules(tk):
     report = diffusers_models.inject(small_ltx(), tk)  # small_ltx is in eval mode
     assert report.replaced == {"ltx_rope_coords": 1, "ltx_block": 2, "ltx_attention": 4, "gelu": 3, "layer_norm": 1}
 
+
+
+def test_kernelize_training_mode_takes_layers_with_a_backward(tk, monkeypatch):
+    """kernelize(mode=Mode.TRAINING): a layer with a backward (SiLU) is installed, one without falls
+    back to the module's own forward (or is refused without a fallback)."""
+    from kernels import LayerRepository, Mode, kernelize, use_kernel_forward_from_hub, use_kernel_mapping
+
+    from conftest import REPO_ID
+
+    if not torch.cuda.is_available():  # kernelize(device="cuda") reads the capability; stand in for it
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *args, **kwargs: (9, 0))
+
+    @use_kernel_forward_from_hub("SiLU")
+    class SiLU(torch.nn.Module):
+        def forward(self, x):
+            return torch.nn.functional.silu(x)
+
+    @use_kernel_forward_from_hub("RMSNorm")
+    class RMSNorm(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.ones(8))
+            self.variance_epsilon = 1e-6
+
+        def forward(self, hidden_states):
+            return hidden_states * self.weight
+
+    mapping = {name: {"cuda": LayerRepository(repo_id=REPO_ID, layer_name=layer, revision="v1")}
+               for name, layer in (("SiLU", "Silu"), ("RMSNorm", "RMSNorm"))}
+    silu, norm = SiLU(), RMSNorm()
+    with use_kernel_mapping(mapping, inherit_mapping=False):
+        kernelize(silu, mode=Mode.TRAINING, device="cuda")
+        kernelize(norm, mode=Mode.TRAINING, device="cuda")
+    assert silu.forward.__func__.__module__ == tk.layers.__name__
+    assert (norm.forward.__func__.__module__ == tk.layers.__name__) == tk.layers.RMSNorm.has_backward
