@@ -89,7 +89,8 @@ def test_tiny_llama_trains_like_eager(tk):
     noise = perturbed(eager)
     assert ours(batches[0][0], labels=batches[0][1]).logits is None  # the loss without the logits
     ours.zero_grad(set_to_none=True)
-    assert_curves_agree(train(eager, batches, loss_of), train(ours, batches, loss_of), train(noise, batches, loss_of))
+    assert_curves_agree(train(eager, batches, loss_of), train(ours, batches, loss_of), train(noise, batches, loss_of),
+                        trained=0.75)
 
 
 def tiny_ltx():

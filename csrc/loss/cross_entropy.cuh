@@ -224,20 +224,23 @@ TK_DEVICE void body(const CrossEntropyParams<T>& p) {
 }
 
 // The launch heuristic: threads a power of two covering the row at kVecsPerThread vectors each
-// (32 to kMaxThreads), and at most kBlocksPerSm blocks per SM striding over the rows.
-inline void plan(int64_t rows, int vocab, int vec, int sm_count, dim3* grid, dim3* block) {
+// (32 to kMaxThreads, and no more than the kernel's registers allow: `max_threads`), and at most
+// kBlocksPerSm blocks per SM striding over the rows.
+inline void plan(int64_t rows, int vocab, int vec, int sm_count, int max_threads, dim3* grid, dim3* block) {
   const int64_t vecs = std::max<int64_t>(1, (vocab + vec - 1) / vec);
   int threads = kWarpSize;
   while (threads < kMaxThreads && threads * static_cast<int64_t>(kVecsPerThread) < vecs) threads *= 2;
-  *block = dim3(threads);
+  *block = dim3(std::max(kWarpSize, std::min(threads, max_threads)));
   *grid = dim3(static_cast<unsigned>(std::min<int64_t>(rows, static_cast<int64_t>(sm_count) * kBlocksPerSm)));
 }
 
 template <typename T, bool kSoftcap, int kVec>
 cudaError_t launch(const CrossEntropyParams<T>& p, int sm_count, cudaStream_t stream) {
+  constexpr auto kKernel = &kernel_entry<CrossEntropyParams<T>, body<T, kSoftcap, kVec>>;
   dim3 grid, block;
-  plan(p.rows, p.vocab, kVec, sm_count, &grid, &block);
-  kernel_entry<CrossEntropyParams<T>, body<T, kSoftcap, kVec>><<<grid, block, 0, stream>>>(p);
+  // The soft-capped kernels use more than 64 registers: 1024 threads would not fit an SM's 64 K.
+  plan(p.rows, p.vocab, kVec, sm_count, max_block_threads<kKernel>(kMaxThreads / 2), &grid, &block);
+  kKernel<<<grid, block, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
