@@ -241,3 +241,21 @@ def test_kernelize_training_mode_takes_layers_with_a_backward(tk, monkeypatch):
         kernelize(norm, mode=Mode.TRAINING, device="cuda")
     assert silu.forward.__func__.__module__ == tk.layers.__name__
     assert (norm.forward.__func__.__module__ == tk.layers.__name__) == tk.layers.RMSNorm.has_backward
+
+
+def test_training_forward_compiles_fullgraph_on_cpu(tk, monkeypatch):
+    """The patched causal LM forward with the fused linear cross-entropy traces forward and backward
+    with no graph break (aot_eager: the reference stand-ins and the CPU path run the graph)."""
+    model = small_llama(seed=4)
+    ids, labels = batch(seed=9)
+    monkeypatch.setattr(transformers_models, "KERNEL_DEVICES", ("cpu",))
+    transformers_models.inject(model, stand_in(tk))
+    expected = model(ids, labels=labels).loss
+    (expected_grad,) = torch.autograd.grad(expected, model.lm_head.weight)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda ids, labels: model(input_ids=ids, labels=labels).loss, fullgraph=True,
+                             backend="aot_eager")
+    loss = compiled(ids, labels)
+    (grad,) = torch.autograd.grad(loss, model.lm_head.weight)
+    torch.testing.assert_close(loss, expected, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(grad, expected_grad, rtol=1e-5, atol=1e-6)

@@ -223,7 +223,8 @@ def _rotary_skip(m) -> str | None:
 
 
 def _causal_lm_loss(tk: ModuleType, module: torch.nn.Module, hidden: torch.Tensor, labels: torch.Tensor,
-                    num_items_in_batch=None, ignore_index: int = -100, shift_labels=None, **_) -> torch.Tensor:
+                    num_items_in_batch=None, ignore_index: int = -100, shift_labels=None, **_model_kwargs
+                    ) -> torch.Tensor:
     """transformers' ``ForCausalLMLoss`` on ``lm_head(hidden)`` without the logits: the same label
     shift (pad with ignore_index, drop the first), the same reduction (sum over
     ``num_items_in_batch`` when given, else the mean over targets not ignored), and Gemma 2's
@@ -241,31 +242,33 @@ def _causal_lm_loss(tk: ModuleType, module: torch.nn.Module, hidden: torch.Tenso
 
 
 def _patch_causal_lm(module: torch.nn.Module, tk: ModuleType) -> None:
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
     original = type(module).forward
-    signature = inspect.signature(original)
-    var_keyword = next((p.name for p in signature.parameters.values() if p.kind is p.VAR_KEYWORD), None)
+    # The forward's positional parameters, so that positional arguments can be named (no
+    # inspect.Signature.bind per call: torch.compile traces this forward).
+    positional = [p.name for p in inspect.signature(original).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)][1:]
+    carried = [name for name in CausalLMOutputWithPast.__dataclass_fields__ if name not in ("loss", "logits")]
 
     def forward(self, *args, **kwargs):
-        arguments = signature.bind(self, *args, **kwargs).arguments
-        labels = arguments.get("labels")
-        extra = dict(arguments.get(var_keyword) or {})
-        if (labels is None or not self.training or not torch.is_grad_enabled()
-                or arguments.get("logits_to_keep", 0) not in (0, None) or extra.get("return_dict") is False):
+        if len(args) > len(positional):
             return original(self, *args, **kwargs)
-        model_arguments = {name: value for name, value in arguments.items()
-                           if name not in ("self", "labels", "logits_to_keep", var_keyword)}
-        outputs = self.model(**model_arguments, **extra)
+        kwargs = {**dict(zip(positional, args)), **kwargs}
+        labels, keep = kwargs.get("labels"), kwargs.get("logits_to_keep", 0)
+        if (labels is None or not self.training or not torch.is_grad_enabled() or kwargs.get("return_dict") is False
+                or not (keep is None or (isinstance(keep, int) and keep == 0))):
+            return original(self, **kwargs)
+        kwargs.pop("labels")
+        kwargs.pop("logits_to_keep", None)
+        outputs = self.model(**kwargs)  # the loss's kwargs go to the base model too, as transformers does
         hidden = outputs.last_hidden_state
         if not _on_kernel_device(hidden):
             logits = self.lm_head(hidden)
-            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **extra)
+            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
         else:
-            logits, loss = None, _causal_lm_loss(tk, self, hidden, labels, **extra)
-        from transformers.modeling_outputs import CausalLMOutputWithPast
-
-        fields = CausalLMOutputWithPast.__dataclass_fields__
-        carried = {name: getattr(outputs, name, None) for name in fields if name not in ("loss", "logits")}
-        return CausalLMOutputWithPast(loss=loss, logits=logits, **carried)
+            logits, loss = None, _causal_lm_loss(tk, self, hidden, labels, **kwargs)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, **{name: getattr(outputs, name, None) for name in carried})
 
     set_forward(module, forward)
 
