@@ -347,65 +347,257 @@ def ltx_from_coords_cases(tk, q: torch.Tensor, k: torch.Tensor, wq: torch.Tensor
                note="norm_q, norm_k and the rotation, cos/sin from grid and freqs; baselines read the fp32 tables")
 
 
-# ---- backward: each case times the backward alone (the forward graph is built once, outside the
-# timing; autograd.grad with retain_graph=True), ours against eager autograd, torch.compile's
-# backward and Liger's; bytes are the backward kernel's own (the gradient and the saved inputs read,
-# the inputs' gradients written). ----
+# (tokens, in_features, out_features, where the shape comes from): the FFN input projections
+LINEAR_GELU_SHAPES = [
+    (5376, 2048, 8192, "LTX-Video 2B FFN proj, 49 frames 512x768 with CFG (2x2688 tokens)"),
+    (16128, 2048, 8192, "LTX-Video 2B FFN proj, 161 frames (2x8064 tokens)"),
+    (4608, 3072, 12288, "Flux FFN proj, 1024x1024 (4096 image + 512 text tokens)"),
+    (8424, 1536, 6144, "SD3-medium FFN proj, 1024x1024 with CFG (2x4212 tokens)"),
+    (64, 2048, 8192, "LTX-Video 2B FFN proj, a few tokens (launch-bound)"),
+]
+LINEAR_GELU_QUICK = {(5376, 2048, 8192), (64, 2048, 8192)}
 
 
-def backward_only(forward: Callable, inputs: tuple, grad_like: Callable[[object], object]) -> Callable:
-    """A timed call running only the backward of forward(*inputs) (built once here)."""
-    leaves = tuple(t.detach().requires_grad_() for t in inputs)
-    out = forward(*leaves)
-    outs = out if isinstance(out, tuple) else (out,)
-    grads = tuple(grad_like(o) for o in outs)
-    return lambda: torch.autograd.grad(outs, leaves, grads, retain_graph=True)
+def linear_gelu_cases(tk, quick: bool) -> Iterator[Case]:
+    """gelu_tanh(x @ W^T + b): ours (one cuBLASLt GEMM with the GELU-bias epilogue) against F.linear
+    + F.gelu eager and compiled, torch's own epilogue (torch._addmm_activation, 2-D only) and
+    F.linear + our separate gelu kernel. Compute-bound: compare the times (the ratio column);
+    bytes count x, W, b and the output once, so GB/s says how far from the memory bound each is."""
+    for tokens, k, n, where in LINEAR_GELU_SHAPES:
+        if quick and (tokens, k, n) not in LINEAR_GELU_QUICK:
+            continue
+        for dtype in (torch.bfloat16,) + ((torch.float16,) if (tokens, k, n) == LINEAR_GELU_SHAPES[0][:3] else ()):
+            x = torch.randn(tokens, k, device="cuda", dtype=dtype)
+            w = torch.randn(n, k, device="cuda", dtype=dtype) / k**0.5
+            b = torch.randn(n, device="cuda", dtype=dtype)
+            impls = with_baselines(lambda: tk.linear_gelu(x, w, b),
+                                   lambda x, w, b: F.gelu(F.linear(x, w, b), approximate="tanh"), (x, w, b))
+            impls["torch _addmm_activation"] = lambda: torch._addmm_activation(b, x, w.t(), use_gelu=True)
+            impls["F.linear + ours gelu"] = lambda: tk.gelu(F.linear(x, w, b), "tanh")
+            fused = "epilogue" if tk.linear_gelu_fused(x, w, b) else "separate path (no epilogue algorithm)"
+            tflop = 2 * tokens * k * n / 1e12
+            moved = nbytes(x, w, b) + tokens * n * x.element_size()
+            yield Case("linear_gelu", f"{tokens}x{k}->{n}", DTYPE_NAMES[dtype], moved, impls, latency=tokens <= 64,
+                       note=f"{where}; ours: {fused}; {tflop:.2f} TFLOP")
 
 
-def backward_impls(ours: Callable, eager: Callable, inputs: tuple, liger: Callable | None = None,
-                   liger_inputs: tuple | None = None) -> dict[str, Callable]:
-    randn = lambda o: torch.randn_like(o)  # noqa: E731
-    impls = {"ours": backward_only(ours, inputs, randn), "eager": backward_only(eager, inputs, randn),
-             "compile": backward_only(compiled(eager), inputs, randn)}
+# ---- backward ----
+# Each case times the backward pass alone: the forward runs once, then autograd.grad (retain_graph)
+# replays the backward of ours (through the autograd registration), of the eager code, of its
+# torch.compile and of Liger; "ours (op)" calls our backward op directly. Bytes: what a backward
+# must move at least (the saved input and the output gradient read, the input gradient written,
+# parameters and their gradients).
+
+def backward_of(forward: Callable, inputs: tuple, grad_like: Callable | None = None) -> Callable:
+    """The backward of forward(*inputs) as a replayable call: the forward runs here once; the
+    output gradients are fresh random tensors of the outputs' shapes and dtypes."""
+    leaves = [t.detach().requires_grad_(True) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+              for t in inputs]
+    outs = forward(*leaves)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    grads = [torch.randn_like(o) for o in outs]
+    wrt = [t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad]
+    return lambda: torch.autograd.grad(outs, wrt, grads, retain_graph=True)
+
+
+def backward_impls(ours: Callable, eager: Callable, inputs: tuple, eager_name: str = "eager",
+                   liger: Callable | None = None, op: Callable | None = None) -> dict[str, Callable]:
+    impls = {"ours": backward_of(ours, inputs), eager_name: backward_of(eager, inputs),
+             "compile": backward_of(compiled(eager), inputs)}
     if liger is not None:
-        impls["liger"] = backward_only(liger, liger_inputs or inputs, randn)
+        impls["liger"] = backward_of(liger, inputs)
+    if op is not None:
+        impls["ours (op)"] = op
     return impls
 
 
-def liger_rope_call(liger: Callable) -> Callable:
-    """Liger's rope on contiguous [B, H, S, d] copies (its wrapper's requirement), cos/sin as given."""
-    return lambda q, k, cos, sin: liger(q.contiguous(), k.contiguous(), cos, sin)
+def rms_norm_backward_case(tk, rows: int, hidden: int, note: str) -> Case:
+    eps, bf16 = 1e-6, dict(device="cuda", dtype=torch.bfloat16)
+    x, dy = torch.randn(rows, hidden, **bf16), torch.randn(rows, hidden, **bf16)
+    w = (torch.rand(hidden, device="cuda") + 0.5).to(torch.bfloat16)
+    liger = liger_fn("rms_norm", "LigerRMSNormFunction")
+    impls = backward_impls(lambda x, w: tk.rms_norm(x, w, eps), eager_llama_rms_norm_fn(eps), (x, w),
+                           liger=None if liger is None else lambda x, w: liger(x, w, eps, 0.0, "llama", False),
+                           op=lambda: tk.ops.rms_norm_backward(dy, x, w, eps, [True, True]))
+    return Case("rms_norm backward", f"{rows}x{hidden}", "bfloat16", 3 * nbytes(x) + 2 * nbytes(w), impls, note=note)
 
 
-def backward_cases(tk, quick: bool) -> Iterator[Case]:
+def eager_llama_rms_norm_fn(eps: float) -> Callable:
+    """transformers' LlamaRMSNorm forward as a function of (x, weight), so the weight gets a gradient."""
+    return lambda x, w: hf_rms_norm(x, w, eps)
+
+
+def fused_add_rms_norm_backward_case(tk, rows: int, hidden: int, note: str) -> Case:
+    eps, bf16 = 1e-6, dict(device="cuda", dtype=torch.bfloat16)
+    x, r, dy = (torch.randn(rows, hidden, **bf16) for _ in range(3))
+    w = (torch.rand(hidden, device="cuda") + 0.5).to(torch.bfloat16)
+    liger = liger_fn("fused_add_rms_norm", "LigerFusedAddRMSNormFunction")
+    impls = backward_impls(lambda x, r, w: tk.fused_add_rms_norm(x, r, w, eps),
+                           lambda x, r, w: hf_fused_add_rms_norm(x, r, w, eps), (x, r, w),
+                           liger=None if liger is None else lambda x, r, w: liger(x, r, w, eps, 0.0, "llama", False),
+                           op=lambda: tk.ops.fused_add_rms_norm_backward(dy, dy, x, w, eps, [True, True]))
+    return Case("fused_add_rms_norm backward", f"{rows}x{hidden}", "bfloat16", 4 * nbytes(x) + 2 * nbytes(w), impls,
+                note=note)
+
+
+def layer_norm_backward_case(tk, rows: int, hidden: int, note: str) -> Case:
+    eps, bf16 = 1e-6, dict(device="cuda", dtype=torch.bfloat16)
+    x, dy = torch.randn(rows, hidden, **bf16), torch.randn(rows, hidden, **bf16)
+    w = (torch.rand(hidden, device="cuda") + 0.5).to(torch.bfloat16)
+    b = (torch.rand(hidden, device="cuda") - 0.5).to(torch.bfloat16)
+    liger = liger_fn("layer_norm", "LigerLayerNormFunction")
+    impls = backward_impls(lambda x, w, b: tk.layer_norm(x, w, b, eps), lambda x, w, b: torch_layer_norm(x, w, b, eps),
+                           (x, w, b), eager_name="native",
+                           liger=None if liger is None else lambda x, w, b: liger(x, w, b, eps),
+                           op=lambda: tk.ops.layer_norm_backward(dy, x, w, b, eps, [True, True, True]))
+    return Case("layer_norm backward", f"{rows}x{hidden}", "bfloat16", 3 * nbytes(x) + 4 * nbytes(w), impls,
+                note=note)
+
+
+def modulate_backward_cases(tk, B: int, S: int, D: int, note: str) -> Iterator[Case]:
+    """AdaLN backward with [B, 1, D] scale/shift/gate (views of one modulation tensor, as DiT blocks
+    unbind it): dx, dscale, dshift (and dy, dgate for the gated residual)."""
+    eps, bf16 = 1e-6, dict(device="cuda", dtype=torch.bfloat16)
+    norm = "layer" if "Flux" in note else "rms"
+    x, y, dy = (torch.randn(B, S, D, **bf16) for _ in range(3))
+    mod = torch.randn(B, 6, D, **bf16) * 0.3
+    scale, shift, gate = mod[:, 0:1], mod[:, 1:2], mod[:, 2:3]
+    small = nbytes(scale, shift)
+    yield Case(f"norm_modulate ({norm}) backward", f"{B}x{S}x{D}", "bfloat16", 3 * nbytes(x) + 2 * small,
+               backward_impls(lambda x, s, sh: tk.norm_modulate(x, s, sh, norm=norm, eps=eps),
+                              lambda x, s, sh: diffusers_norm_modulate(x, s, sh, norm, eps=eps), (x, scale, shift),
+                              op=lambda: tk.ops.norm_modulate_backward(dy, x, scale, shift, None, None, eps, norm,
+                                                                       [True, True, True, False, False])), note=note)
+    yield Case(f"gated_add_norm_modulate ({norm}) backward", f"{B}x{S}x{D}", "bfloat16",
+               6 * nbytes(x) + 3 * small,
+               backward_impls(lambda x, y, g, s, sh: tk.gated_add_norm_modulate(x, y, g, s, sh, norm=norm, eps=eps),
+                              lambda x, y, g, s, sh: ltx_gated_add_norm_modulate(x, y, g, s, sh, norm, eps=eps),
+                              (x, y, gate, scale, shift),
+                              op=lambda: tk.ops.gated_add_norm_modulate_backward(
+                                  dy, dy, x, y, gate, scale, shift, None, None, eps, norm, [True] * 5 + [False] * 2)),
+               note=note)
+
+
+def gated_add_backward_case(tk, B: int, S: int, D: int, note: str) -> Case:
+    bf16 = dict(device="cuda", dtype=torch.bfloat16)
+    x, y, dy = (torch.randn(B, S, D, **bf16) for _ in range(3))
+    gate = torch.randn(B, 1, D, **bf16) * 0.3
+    return Case("gated_add backward", f"{B}x{S}x{D}", "bfloat16", 3 * nbytes(x) + 2 * nbytes(gate),
+                backward_impls(tk.gated_add, eager_gated_add, (x, y, gate),
+                               op=lambda: tk.ops.gated_add_backward(dy, y, gate, [True, True])), note=note)
+
+
+def norm_backward_cases(tk, quick: bool) -> Iterator[Case]:
+    """Llama-3.1-8B's norms (16384 tokens x 4096), LTX-Video 2B's and Flux's modulations and gated
+    residual, the layer norms of the forward's shapes."""
+    yield rms_norm_backward_case(tk, 16384, 4096, "Llama-3.1-8B, 4x4096 tokens")
+    yield from modulate_backward_cases(tk, *MODULATE_SHAPES[0])
+    if quick:
+        return
+    yield rms_norm_backward_case(tk, 2048, 4096, "Llama-3.1-8B, 2048 tokens")
+    yield rms_norm_backward_case(tk, 8192, 3584, "Qwen2.5-7B, 8192 tokens")
+    yield rms_norm_backward_case(tk, 65536, 128, "Qwen3-8B per-head norm, 2048 tokens x 32 heads")
+    yield rms_norm_backward_case(tk, 64, 262144, "a few rows of 256 K columns (chunked kernels)")
+    yield fused_add_rms_norm_backward_case(tk, 16384, 4096, "Llama-3.1-8B, 4x4096 tokens")
+    for rows, hidden, note in LAYER_NORM_SHAPES:
+        yield layer_norm_backward_case(tk, rows, hidden, note)
+    for shape in MODULATE_SHAPES[1:]:
+        yield from modulate_backward_cases(tk, *shape)
+    yield gated_add_backward_case(tk, 2, 8064, 2048, "LTX-Video 2B residual, 49 frames 512x768, CFG batch 2")
+
+
+def qk_norm_rope_backward_cases(tk, quick: bool) -> Iterator[Case]:
+    """The fused q/k norm + RoPE backward: Flux (per head, [1, 4608, 24, 128], fp32 tables [S, d]),
+    LTX-Video 2B (across heads, [2, 8064, 2048], fp32 tables and from coordinates), Qwen3-8B
+    (per head, q 32 and k 8 heads of 128, bf16 tables). Bytes: q, k and their output gradients
+    read, dq and dk written, the tables read."""
+    eps, bf16 = 1e-6, dict(device="cuda", dtype=torch.bfloat16)
+    q, k = torch.randn(1, 4608, 24, 128, **bf16), torch.randn(1, 4608, 24, 128, **bf16)
+    w = (torch.rand(128, device="cuda") + 0.5).to(torch.bfloat16)
+    angles = torch.rand(4608, 64, device="cuda") * 100
+    cos, sin = angles.cos().repeat_interleave(2, -1), angles.sin().repeat_interleave(2, -1)
+    c4, s4 = cos[None, :, None], sin[None, :, None]
+
+    def flux_eager(q, k, wq, wk):
+        rms = lambda x, w: torch.nn.functional.rms_norm(x, (x.shape[-1],), w, eps)  # noqa: E731
+        return diffusers_interleaved_rotary(rms(q, wq), c4, s4), diffusers_interleaved_rotary(rms(k, wk), c4, s4)
+
+    yield Case("qk_norm_rope (flux) backward", "1x4608x24x128", "bfloat16", 3 * nbytes(q, k) + nbytes(cos, sin),
+               backward_impls(lambda q, k, wq, wk: tk.qk_norm_rope(q, k, wq, wk, eps, cos, sin), flux_eager,
+                              (q, k, w, w),
+                              op=lambda: tk.ops.qk_norm_rope_backward(q, k, q, k, w, w, eps, cos[None], sin[None],
+                                                                      [True] * 4)),
+               note="Flux 1024x1024: norm_q, norm_k per head and apply_rotary_emb")
+    if quick:
+        return
+    q, k = torch.randn(2, 8064, 2048, **bf16), torch.randn(2, 8064, 2048, **bf16)
+    w = (torch.rand(2048, device="cuda") + 0.5).to(torch.bfloat16)
+    angles = torch.rand(2, 8064, 1024, device="cuda") * 100
+    cos, sin = angles.cos().repeat_interleave(2, -1), angles.sin().repeat_interleave(2, -1)
+    yield Case("qk_norm_rope (ltx) backward", "2x8064x2048", "bfloat16", 3 * nbytes(q, k) + nbytes(cos, sin),
+               backward_impls(lambda q, k, wq, wk: tk.ltx_qk_norm_rope(q, k, wq, wk, eps, cos, sin),
+                              lambda q, k, wq, wk: diffusers_qk_norm_rope(q, k, wq, wk, eps, cos, sin), (q, k, w, w),
+                              op=lambda: tk.ops.qk_norm_rope_backward(q[:, :, None], k[:, :, None], q[:, :, None],
+                                                                      k[:, :, None], w, w, eps, cos, sin, [True] * 4)),
+               note="LTX-Video 2B self-attention, 49 frames 512x768, CFG batch 2")
+    grid, freqs = torch.rand(2, 8064, 3, device="cuda"), torch.rand(2048 // 6, device="cuda") * 3
+    yield Case("qk_norm_rope (ltx from coords) backward", "2x8064x2048", "bfloat16", 3 * nbytes(q, k),
+               backward_impls(lambda q, k, wq, wk: tk.ltx_qk_norm_rope_from_coords(q, k, wq, wk, eps, grid, freqs),
+                              lambda q, k, wq, wk: diffusers_qk_norm_rope(q, k, wq, wk, eps, cos, sin), (q, k, w, w),
+                              op=lambda: tk.ops.ltx_qk_norm_rope_from_coords_backward(q, k, q, k, w, w, eps, grid,
+                                                                                      freqs, [True] * 4)),
+               note="cos/sin from grid and freqs in the kernel; the baselines read fp32 tables")
+    B, S, Hq, Hk, d = 1, 4096, 32, 8, 128
+    qkv = torch.randn(B, S, (Hq + 2 * Hk) * d, **bf16)
+    q, k = qkv[..., : Hq * d].unflatten(-1, (Hq, d)), qkv[..., Hq * d: (Hq + Hk) * d].unflatten(-1, (Hk, d))
+    wq = (torch.rand(d, device="cuda") + 0.5).to(torch.bfloat16)
+    angles = torch.randint(0, 32768, (B, S, 1), device="cuda").float() * torch.rand(d // 2, device="cuda")
+    hcos, hsin = (torch.cat((f, f), -1).to(torch.bfloat16) for f in (angles.cos(), angles.sin()))
+    yield Case("qk_norm_rope (qwen3) backward", f"{B}x{S} q{Hq} k{Hk} d{d}", "bfloat16",
+               3 * nbytes(q, k) + nbytes(hcos, hsin),
+               backward_impls(lambda q, k, wq, wk: tk.hf_qk_norm_rope(q, k, wq, wk, eps, hcos, hsin),
+                              lambda q, k, wq, wk: hf_qk_norm_rope(q, k, wq, wk, eps, hcos, hsin), (q, k, wq, wq),
+                              op=lambda: tk.ops.hf_qk_norm_rope_backward(q, k, q, k, wq, wq, eps, hcos, hsin,
+                                                                         [True] * 4)),
+               note="Qwen3-8B prefill 4096: q_norm, k_norm, apply_rotary_pos_emb")
+
+
+def activation_rope_backward_cases(tk, quick: bool) -> Iterator[Case]:
     """Llama-3.2-1B's and Llama-3.1-8B's SwiGLU (16 K tokens x 8192, 4096 x 14336), the fused gate_up
     projection (silu_and_mul), GEGLU (tanh, Liger's form; SDXL's erf), LTX-Video 2B's GELU-tanh FFN, and
-    the rotations (transformers' with Liger's, LTX-Video's tables and coordinates, Flux's)."""
+    the rotations (transformers' with Liger's, LTX-Video's tables and coordinates, Flux's). Bytes: the
+    output gradient and the saved inputs read, the inputs' gradients written (5x one operand for the
+    gated units, 3x for an activation, 2x q and k plus the tables for a rotation)."""
     bf16 = dict(device="cuda", dtype=torch.bfloat16)
     for tokens, inter, note in [(16384, 8192, "Llama-3.2-1B MLP, 8x2048 tokens"),
                                 (4096, 14336, "Llama-3.1-8B MLP, 4096 tokens")][: 1 if quick else 2]:
         g, u = torch.randn(tokens, inter, **bf16), torch.randn(tokens, inter, **bf16)
         yield Case("act_mul (silu) backward", f"{tokens}x{inter} x2", "bfloat16", 5 * nbytes(g),
                    backward_impls(lambda g, u: tk.act_mul(g, u, "silu"), lambda g, u: eager_act_mul(g, u, "silu"),
-                                  (g, u), liger=liger_fn("swiglu", "LigerSiLUMulFunction")), note=note)
+                                  (g, u), liger=liger_fn("swiglu", "LigerSiLUMulFunction"),
+                                  op=lambda: tk.ops.act_mul_backward(g, g, u, "silu")), note=note)
         yield Case("act_mul (gelu_tanh) backward", f"{tokens}x{inter} x2", "bfloat16", 5 * nbytes(g),
                    backward_impls(lambda g, u: tk.act_mul(g, u, "gelu_tanh"),
                                   lambda g, u: eager_act_mul(g, u, "gelu_tanh"), (g, u),
-                                  liger=liger_fn("geglu", "LigerGELUMulFunction")),
+                                  liger=liger_fn("geglu", "LigerGELUMulFunction"),
+                                  op=lambda: tk.ops.act_mul_backward(g, g, u, "gelu_tanh")),
                    note=f"GEGLU (tanh GELU, Liger's form) on the {note} shape")
     if quick:
         return
     x = torch.randn(4096, 2 * 14336, **bf16)
     yield Case("silu_and_mul backward", "4096x(2x14336)", "bfloat16", nbytes(x) * 5 // 2,
-               backward_impls(lambda x: tk.silu_and_mul(x), lambda x: eager_act_and_mul(x, "silu"), (x,)),
+               backward_impls(lambda x: tk.silu_and_mul(x), lambda x: eager_act_and_mul(x, "silu"), (x,),
+                              op=lambda: tk.ops.act_and_mul_backward(x[:, :14336], x, "silu", True)),
                note="Llama-3.1-8B MLP, fused gate_up projection")
     p = torch.randn(16384, 2 * 10240, **bf16)
     yield Case("geglu backward", "16384x(2x10240)", "bfloat16", nbytes(p) * 5 // 2,
-               backward_impls(lambda p: tk.geglu(p), lambda p: eager_act_and_mul(p, "gelu", act_first=False), (p,)),
+               backward_impls(lambda p: tk.geglu(p), lambda p: eager_act_and_mul(p, "gelu", act_first=False), (p,),
+                              op=lambda: tk.ops.act_and_mul_backward(p[:, :10240], p, "gelu", False)),
                note="SDXL transformer block GEGLU (diffusers order, erf GELU)")
     h = torch.randn(16128, 8192, **bf16)
     yield Case("gelu (tanh) backward", "16128x8192", "bfloat16", 3 * nbytes(h),
-               backward_impls(lambda h: tk.gelu(h, "tanh"), lambda h: eager_activation(h, "gelu_tanh"), (h,)),
+               backward_impls(lambda h: tk.gelu(h, "tanh"), lambda h: eager_activation(h, "gelu_tanh"), (h,),
+                              op=lambda: tk.ops.activation_backward(h, h, "gelu_tanh")),
                note="LTX-Video 2B FFN, 2x8064 tokens")
     # transformers' rotation: q [B, H, S, d], k likewise, bf16 tables
     B, S, Hq, Hk, d = 1, 4096, 32, 8, 128
@@ -416,7 +608,8 @@ def backward_cases(tk, quick: bool) -> Iterator[Case]:
     yield Case("rope (hf neox) backward", f"{B}x{S} q{Hq} k{Hk} d{d}", "bfloat16", 2 * nbytes(q, k) + nbytes(cos, sin),
                backward_impls(lambda q, k: tk.apply_rotary_pos_emb(q, k, cos, sin),
                               lambda q, k: hf_apply_rotary_pos_emb(q, k, cos, sin), (q, k),
-                              liger=None if liger is None else (lambda q, k: liger_rope_call(liger)(q, k, cos, sin))),
+                              liger=None if liger is None else (lambda q, k: liger(q.contiguous(), k.contiguous(), cos, sin)),
+                              op=lambda: tk.ops.rope_backward(q.transpose(1, 2), k.transpose(1, 2), cos, sin, "neox", False)),
                note="Llama-3.1-8B prefill 4096")
     # LTX-Video 2B: tables [2, 8064, 2048] fp32, and the coordinate form
     q, k = torch.randn(2, 8064, 2048, **bf16), torch.randn(2, 8064, 2048, **bf16)
@@ -425,14 +618,17 @@ def backward_cases(tk, quick: bool) -> Iterator[Case]:
     yield Case("rope (ltx interleaved) backward", "2x8064x2048", "bfloat16", 2 * nbytes(q, k) + nbytes(cos, sin),
                backward_impls(lambda q, k: tk.ltx_rope(q, k, cos, sin),
                               lambda q, k: (diffusers_interleaved_rotary(q, cos, sin),
-                                            diffusers_interleaved_rotary(k, cos, sin)), (q, k)),
+                                            diffusers_interleaved_rotary(k, cos, sin)), (q, k),
+                              op=lambda: tk.ops.rope_backward(q[:, :, None], k[:, :, None], cos, sin, "interleaved",
+                                                              True)),
                note="LTX-Video 2B, 49 frames 512x768, CFG batch 2")
     grid = torch.rand(2, 8064, 3, device="cuda")
     freqs = torch.rand(2048 // 6, device="cuda") * 100
     yield Case("rope (ltx from coords) backward", "2x8064x2048", "bfloat16", 2 * nbytes(q, k) + nbytes(grid, freqs),
                backward_impls(lambda q, k: tk.ltx_rope_from_coords(q, k, grid, freqs),
                               lambda q, k: (diffusers_interleaved_rotary(q, cos, sin),
-                                            diffusers_interleaved_rotary(k, cos, sin)), (q, k)),
+                                            diffusers_interleaved_rotary(k, cos, sin)), (q, k),
+                              op=lambda: tk.ops.ltx_rope_from_coords_backward(q, k, grid, freqs)),
                note="cos/sin from grid and freqs in the kernel; the baselines read fp32 tables")
     q, k = torch.randn(1, 4608, 24, 128, **bf16), torch.randn(1, 4608, 24, 128, **bf16)
     angles = torch.rand(4608, 64, device="cuda") * 100
@@ -441,13 +637,16 @@ def backward_cases(tk, quick: bool) -> Iterator[Case]:
     yield Case("rope (flux interleaved) backward", "1x4608x24x128", "bfloat16", 2 * nbytes(q, k) + nbytes(cos, sin),
                backward_impls(lambda q, k: tk.flux_rope(q, k, cos, sin),
                               lambda q, k: (diffusers_interleaved_rotary(q, c4, s4),
-                                            diffusers_interleaved_rotary(k, c4, s4)), (q, k)),
+                                            diffusers_interleaved_rotary(k, c4, s4)), (q, k),
+                              op=lambda: tk.ops.rope_backward(q, k, cos[None], sin[None], "interleaved", True)),
                note="Flux 1024x1024 (4096 image + 512 text tokens)")
 
 
 OPS = {"rms_norm": rms_norm_cases, "activation": activation_cases, "fused_add_rms_norm": fused_add_rms_norm_cases,
        "layer_norm": layer_norm_cases, "modulate": modulate_cases, "rope": rope_cases,
-       "backward": backward_cases}
+       "linear_gelu": linear_gelu_cases, "norm_backward": norm_backward_cases,
+       "qk_norm_rope_backward": qk_norm_rope_backward_cases,
+       "activation_rope_backward": activation_rope_backward_cases}
 
 
 

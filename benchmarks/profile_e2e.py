@@ -24,7 +24,7 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path[:0] = [str(Path(__file__).resolve().parent.parent), str(Path(__file__).resolve().parent.parent / "integration")]
 from benchmarks import bench_llm, bench_ltx  # noqa: E402
-from benchmarks.harness import environment  # noqa: E402
+from benchmarks.harness import build_line, environment  # noqa: E402
 from transformer_kernels_integrations.loading import load_kernel, use_local_build  # noqa: E402
 
 # Kernel name -> class; first match wins.
@@ -38,6 +38,22 @@ CLASSES = (
 
 def kernel_class(name: str) -> str:
     return next((cls for cls, pattern in CLASSES if pattern.search(name)), "other")
+
+
+def step_profile(step, per: int = 1) -> dict:
+    """One profiled call of step() (after the caller's warm-up): wall and GPU-busy time, the GPU's
+    idle time between kernels, and kernel launches, each per `per` units (tokens, steps). Kernels
+    replayed from a CUDA graph count as launches of the GPU, not of the host."""
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        wall_ms = (time.perf_counter() - t0) * 1e3
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    busy_ms = sum(getattr(e, "device_time_total", 0) or e.cuda_time_total for e in kernels) / 1e3
+    return {"wall_ms": wall_ms / per, "gpu_busy_ms": busy_ms / per, "gpu_idle_ms": (wall_ms - busy_ms) / per,
+            "kernels": len(kernels) / per}
 
 
 def summarise(title: str, step, per: int, unit: str) -> list[str]:
@@ -130,7 +146,7 @@ def main() -> None:
     use_local_build()
     env = environment()
     lines = [f"# End-to-end profiles: {env['gpu']}", "", f"torch {env['torch']}, CUDA {env['cuda']}, {env['date']}. "
-             "torch.profiler, one profiled run after warm-up; random weights.", ""]
+             "torch.profiler, one profiled run after warm-up; random weights.", "", build_line(env), ""]
     gpu = re.sub(r"[^a-z0-9]+", "-", env["gpu"].lower()).strip("-")
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"profile-{gpu}-{_dt.date.today().isoformat()}.md"

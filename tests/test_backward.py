@@ -162,8 +162,10 @@ def test_backward_through_sum_and_empty(tk):
 
 def test_out_forms_refuse_grad(tk):
     x = random_input((4, 64), torch.bfloat16).requires_grad_()
-    with pytest.raises(RuntimeError, match="activation_out: writes into `out` and has no backward"):
+    with pytest.raises(RuntimeError, match="activation: the out= form has no backward"):
         tk.silu(x, out=torch.empty_like(x))
+    with pytest.raises(RuntimeError, match="activation_out: writes into `out` and has no backward"):
+        tk.ops.activation_out(torch.empty_like(x), x, "silu")  # the op itself, past the Python API
     with torch.no_grad():
         out = torch.empty_like(x)
         assert tk.silu(x, out=out) is out
@@ -304,8 +306,10 @@ def test_rope_backward_arbitrary_tables_and_layouts(tk):
 def test_in_place_rope_refuses_grad(tk):
     q = random_input((1, 4, 2, 64), torch.bfloat16).requires_grad_()
     cos, sin = hf_cos_sin(1, 2, 64, torch.bfloat16)
-    with pytest.raises(RuntimeError, match="hf_rope_: is an in-place inference form"):
+    with pytest.raises(RuntimeError, match="apply_rotary_pos_emb_: the in-place form has no backward"):
         tk.apply_rotary_pos_emb_(q, q.detach().clone(), cos, sin)
+    with pytest.raises(RuntimeError, match="hf_rope_: is an in-place inference form"):
+        tk.ops.hf_rope_(q, q.detach().clone(), cos, sin, 1)
 
 
 # ---- opcheck with inputs that require grad; torch.compile ----

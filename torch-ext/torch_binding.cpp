@@ -74,6 +74,13 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   ops.def("ltx_qk_norm_rope_from_coords(Tensor q, Tensor k, Tensor q_weight, Tensor k_weight, float eps, "
           "Tensor grid, Tensor freqs) -> (Tensor, Tensor)");
 
+  // gelu_tanh(x @ weight^T + bias) as one cuBLASLt matmul with the GELU epilogue (the activation on
+  // the fp32 accumulator, one rounding); F.linear + our gelu kernel where cuBLASLt has no such algorithm.
+  ops.def("linear_gelu(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
+  ops.def("linear_gelu_out(Tensor! out, Tensor x, Tensor weight, Tensor? bias) -> ()");
+  // Whether linear_gelu takes the epilogue for these arguments on this GPU (a host query).
+  ops.def("linear_gelu_fused(Tensor x, Tensor weight, Tensor? bias) -> bool");
+
   // Every op is registered for CPU too, with the same entry point: CPU tensors then fail with a
   // clear "must be a CUDA tensor" instead of the dispatcher's "no kernel for CPU".
   for (const auto key : {torch::kCUDA, torch::kCPU}) {
@@ -106,6 +113,44 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
     ops.impl("hf_qk_norm_rope_out", key, &tk::hf_qk_norm_rope_out);
     ops.impl("ltx_rope_from_coords", key, &tk::ltx_rope_from_coords);
     ops.impl("ltx_qk_norm_rope_from_coords", key, &tk::ltx_qk_norm_rope_from_coords);
+    ops.impl("linear_gelu", key, &tk::linear_gelu);
+    ops.impl("linear_gelu_out", key, &tk::linear_gelu_out);
+    ops.impl("linear_gelu_fused", key, &tk::linear_gelu_fused);
+  }
+
+  // ---- backward ops (norm family, gated_add, fused q/k norm + RoPE): the forward's inputs (or
+  // its saved h), the output gradients and output_mask; gradients not asked for come back empty.
+  ops.def("rms_norm_backward(Tensor grad_out, Tensor x, Tensor? weight, float eps, bool[2] output_mask)"
+          " -> (Tensor, Tensor)");
+  ops.def("fused_add_rms_norm_backward(Tensor grad_out, Tensor? grad_residual_out, Tensor residual_out,"
+          " Tensor? weight, float eps, bool[2] output_mask) -> (Tensor, Tensor)");
+  ops.def("layer_norm_backward(Tensor grad_out, Tensor x, Tensor? weight, Tensor? bias, float eps,"
+          " bool[3] output_mask) -> (Tensor, Tensor, Tensor)");
+  ops.def("norm_modulate_backward(Tensor grad_out, Tensor x, Tensor scale, Tensor? shift, Tensor? weight,"
+          " Tensor? bias, float eps, str norm, bool[5] output_mask) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  ops.def("gated_add_norm_modulate_backward(Tensor? grad_h, Tensor grad_out, Tensor h, Tensor y, Tensor? gate,"
+          " Tensor scale, Tensor? shift, Tensor? weight, Tensor? bias, float eps, str norm, bool[7] output_mask)"
+          " -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+  ops.def("gated_add_backward(Tensor grad_out, Tensor y, Tensor gate, bool[2] output_mask) -> (Tensor, Tensor)");
+  ops.def("qk_norm_rope_backward(Tensor grad_q_out, Tensor grad_k_out, Tensor q, Tensor k, Tensor q_weight,"
+          " Tensor k_weight, float eps, Tensor cos, Tensor sin, bool[4] output_mask)"
+          " -> (Tensor, Tensor, Tensor, Tensor)");
+  ops.def("hf_qk_norm_rope_backward(Tensor grad_q_out, Tensor grad_k_out, Tensor q, Tensor k, Tensor q_weight,"
+          " Tensor k_weight, float eps, Tensor cos, Tensor sin, bool[4] output_mask)"
+          " -> (Tensor, Tensor, Tensor, Tensor)");
+  ops.def("ltx_qk_norm_rope_from_coords_backward(Tensor grad_q_out, Tensor grad_k_out, Tensor q, Tensor k,"
+          " Tensor q_weight, Tensor k_weight, float eps, Tensor grid, Tensor freqs, bool[4] output_mask)"
+          " -> (Tensor, Tensor, Tensor, Tensor)");
+  for (const auto key : {torch::kCUDA, torch::kCPU}) {
+    ops.impl("rms_norm_backward", key, &tk::rms_norm_backward);
+    ops.impl("fused_add_rms_norm_backward", key, &tk::fused_add_rms_norm_backward);
+    ops.impl("layer_norm_backward", key, &tk::layer_norm_backward);
+    ops.impl("norm_modulate_backward", key, &tk::norm_modulate_backward);
+    ops.impl("gated_add_norm_modulate_backward", key, &tk::gated_add_norm_modulate_backward);
+    ops.impl("gated_add_backward", key, &tk::gated_add_backward);
+    ops.impl("qk_norm_rope_backward", key, &tk::qk_norm_rope_backward);
+    ops.impl("hf_qk_norm_rope_backward", key, &tk::hf_qk_norm_rope_backward);
+    ops.impl("ltx_qk_norm_rope_from_coords_backward", key, &tk::ltx_qk_norm_rope_from_coords_backward);
   }
 
   // ---- training: backward of the activations and the out-of-place rotations; fused linear cross-entropy ----

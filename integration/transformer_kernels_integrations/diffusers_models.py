@@ -11,10 +11,17 @@ fuse (an LTX block claims its norm1/norm2), so nothing is patched twice.
 How modules are patched (and how hooks survive) is in ``patching.py``. ``enable_model_cpu_offload``
 hooks whole components, so injecting before or after it works.
 
+Switches of ``inject``: ``merge_projections`` (default on) makes the LTX self-attention's q/k/v, its
+cross-attention's k/v, and Flux's q/k/v and added q/k/v one GEMM each over one concatenated weight
+that the original parameters become views of (``merging.py``; no memory growth); ``linear_gelu``
+(default on) runs a ``GELU(approximate="tanh")`` module's input projection and activation as one
+cuBLASLt GEMM with the GELU epilogue (the FFNs of LTX-Video, Flux and SD3). The epilogue rounds
+once where eager rounds twice, so with it the output is close to, not bit-equal with, eager's.
+
 Training (``inject(model)`` on a model in training mode, or ``training=True``, e.g. LoRA fine-tuning):
 a rule is applied only when the ops it needs (``RULE_OPS``) have a backward; the attention
-processors then run the q/k norms with our kernel where it has a backward and with the modules' own
-norms otherwise, and the rotations with ours.
+processors run the q/k norms with our kernels where those have a backward and with the modules'
+own norms otherwise, and the rotations with ours.
 """
 
 from __future__ import annotations
@@ -25,8 +32,13 @@ from typing import Callable, NamedTuple
 
 import torch
 
+from . import merging
 from .loading import load_kernel
 from .patching import InjectionReport, Rule, apply_rules, for_training, forward_from, layer_forward, named, set_forward
+
+QKV = ("to_q", "to_k", "to_v")
+KV = ("to_k", "to_v")
+ADDED_QKV = ("add_q_proj", "add_k_proj", "add_v_proj")
 
 # ---- patched forwards (bound to the module they replace) ----
 
@@ -40,6 +52,33 @@ def _gelu_forward(tk: ModuleType) -> Callable:
         return tk.gelu(hidden_states, approximate=self.approximate)
 
     return forward
+
+
+def _linear_gelu_forward(tk: ModuleType) -> Callable:
+    """diffusers' ``GELU(approximate="tanh")`` with its input projection: one cuBLASLt GEMM whose
+    epilogue adds the bias and applies the GELU (``linear_gelu``)."""
+
+    def forward(self, hidden_states):
+        proj = self.proj
+        if hidden_states.dtype != proj.weight.dtype or torch.is_autocast_enabled(hidden_states.device.type):
+            return tk.gelu(proj(hidden_states), approximate=self.approximate)
+        return tk.linear_gelu(hidden_states, proj.weight, proj.bias)
+
+    return forward
+
+
+def _linear_gelu_skip(m: torch.nn.Module) -> str | None:
+    if getattr(m, "approximate", None) != "tanh":
+        return "exact GELU: cuBLASLt's epilogue is the tanh form"
+    if type(getattr(m, "proj", None)) is not torch.nn.Linear:
+        return "no plain nn.Linear input projection"
+    return None
+
+
+def _merged(attn, key: str, x: torch.Tensor):
+    """The merged projection ``key`` of attn where it can run for x (no gradient wanted), or None."""
+    merged = merging.merged_of(attn, key)
+    return merged if merged is not None and merged.usable(x) else None
 
 
 def _ltx_block_forward(tk: ModuleType) -> Callable:
@@ -153,8 +192,16 @@ class FluxAttnProcessor:
         from diffusers.models.attention_dispatch import dispatch_attention_fn
         from diffusers.models.transformers.transformer_flux import _get_qkv_projections
 
-        query, key, value, encoder_query, encoder_key, encoder_value = _get_qkv_projections(
-            attn, hidden_states, encoder_hidden_states)
+        qkv = _merged(attn, "qkv", hidden_states)
+        added = _merged(attn, "added_qkv", encoder_hidden_states) if encoder_hidden_states is not None else None
+        if qkv is not None and (added is not None or encoder_hidden_states is None or attn.added_kv_proj_dim is None):
+            query, key, value = qkv.split(hidden_states)  # strided views of one GEMM's output
+            encoder_query = encoder_key = encoder_value = None
+            if added is not None:
+                encoder_query, encoder_key, encoder_value = added.split(encoder_hidden_states)
+        else:
+            query, key, value, encoder_query, encoder_key, encoder_value = _get_qkv_projections(
+                attn, hidden_states, encoder_hidden_states)
         query = self._qk_norm(attn.norm_q, query.unflatten(-1, (-1, attn.head_dim)))
         key = self._qk_norm(attn.norm_k, key.unflatten(-1, (-1, attn.head_dim)))
         value = value.unflatten(-1, (-1, attn.head_dim))
@@ -207,12 +254,18 @@ class LTXAttnProcessor:
         if attention_mask is not None:
             attention_mask = attn.prepare_attention_mask(attention_mask, sequence_length, batch_size)
             attention_mask = attention_mask.view(batch_size, attn.heads, -1, attention_mask.shape[-1])
-        if encoder_hidden_states is None:
-            encoder_hidden_states = hidden_states
 
-        query = attn.to_q(hidden_states)
-        key = attn.to_k(encoder_hidden_states)
-        value = attn.to_v(encoder_hidden_states)
+        self_attention = encoder_hidden_states is None
+        qkv = _merged(attn, "qkv", hidden_states) if self_attention else None
+        kv = _merged(attn, "kv", encoder_hidden_states) if not self_attention else None
+        if self_attention:
+            encoder_hidden_states = hidden_states
+        if qkv is not None:  # one GEMM; q, k, v are strided views of its output
+            query, key, value = qkv.split(hidden_states)
+        else:
+            query = attn.to_q(hidden_states)
+            key, value = kv.split(encoder_hidden_states) if kv is not None else (
+                attn.to_k(encoder_hidden_states), attn.to_v(encoder_hidden_states))
         eps = _fused_qk_norm_eps(attn.norm_q, attn.norm_k)
         # image_rotary_emb: the rope module's (cos, sin) tables, or its coordinates (LTXRopeCoords)
         # where inject patched the rope module (the kernel then computes cos/sin itself)
@@ -320,15 +373,51 @@ def _ltx_rope_coords_patch(model: torch.nn.Module, tk: ModuleType) -> None:
     set_forward(model.rope, ltx_rope_coords)
 
 
-def _rules(ours: Callable[[ModuleType], Callable[[str], bool]]) -> tuple[Rule, ...]:
-    """The table; ``ours(tk)`` says which ops the attention processors run (the rest eager)."""
+def _merge_ltx_block(block: torch.nn.Module) -> None:
+    """The block's self-attention (attn1) takes q/k/v as one GEMM, its cross-attention (attn2) k/v
+    (they read the caption; q reads the video tokens)."""
+    for attn, key, names in ((getattr(block, "attn1", None), "qkv", QKV), (getattr(block, "attn2", None), "kv", KV)):
+        if attn is not None and merging.mergeable(attn, names) is None:
+            merging.attach(attn, key, names)
+
+
+def _merge_flux_attention(attn: torch.nn.Module) -> None:
+    if merging.mergeable(attn, QKV) is None:
+        merging.attach(attn, "qkv", QKV)
+        if getattr(attn, "added_kv_proj_dim", None) is not None and merging.mergeable(attn, ADDED_QKV) is None:
+            merging.attach(attn, "added_qkv", ADDED_QKV)
+
+
+def _then(patch: Callable, extra: Callable[[torch.nn.Module], None]) -> Callable:
+    def both(module, tk):
+        patch(module, tk)
+        extra(module)
+
+    return both
+
+
+def _all_ours(tk: ModuleType) -> Callable[[str], bool]:
+    return lambda op: True
+
+
+def rules(merge_projections: bool = True, linear_gelu: bool = True,
+          ours: Callable[[ModuleType], Callable[[str], bool]] = _all_ours) -> tuple[Rule, ...]:
+    """The table; the switches add merged projections to the LTX and Flux attention rules and the
+    GEMM + GELU epilogue rule for tanh-GELU FFN projections; ``ours(tk)`` says which ops the
+    attention processors run (training: those with a backward), the others eager."""
+    ltx_block = forward_from(_ltx_block_forward)
+    flux_attention = lambda m, tk: m.set_processor(FluxAttnProcessor(tk, ours(tk)))  # noqa: E731
+    if merge_projections:
+        ltx_block = _then(ltx_block, _merge_ltx_block)
+        flux_attention = _then(flux_attention, _merge_flux_attention)
+    gelu_rules = (Rule("linear_gelu", named("GELU"), forward_from(_linear_gelu_forward), skip=_linear_gelu_skip),
+                  ) if linear_gelu else ()
     return (
         Rule("ltx_rope_coords", named("LTXVideoTransformer3DModel"), _ltx_rope_coords_patch, skip=_ltx_rope_skip),
-        Rule("ltx_block", named("LTXVideoTransformerBlock"), forward_from(_ltx_block_forward),
-             claims=("norm1", "norm2")),
+        Rule("ltx_block", named("LTXVideoTransformerBlock"), ltx_block, claims=("norm1", "norm2")),
         Rule("ltx_attention", named("LTXAttention"), lambda m, tk: m.set_processor(LTXAttnProcessor(tk, ours(tk))),
              claims=("norm_q", "norm_k"), skip=_ltx_attention_skip),
-        Rule("flux_attention", named("FluxAttention"), lambda m, tk: m.set_processor(FluxAttnProcessor(tk, ours(tk))),
+        Rule("flux_attention", named("FluxAttention"), flux_attention,
              claims=("norm_q", "norm_k", "norm_added_q", "norm_added_k"), skip=_flux_attention_skip),
         Rule("adaln_zero", named("AdaLayerNormZero"), forward_from(_adaln_zero_forward), claims=("norm",),
              skip=_adaln_skip),
@@ -338,6 +427,7 @@ def _rules(ours: Callable[[ModuleType], Callable[[str], bool]]) -> tuple[Rule, .
              claims=("norm",), skip=_adaln_skip),
         Rule("adaln_continuous", named("AdaLayerNormContinuous"), forward_from(_adaln_continuous_forward),
              claims=("norm",), skip=_adaln_skip),
+        *gelu_rules,
         Rule("gelu", named("GELU"), forward_from(_gelu_forward), skip=_gelu_skip),
         Rule("rms_norm", named("RMSNorm"), layer_forward("RMSNorm")),
         Rule("layer_norm", named("LayerNorm", "FP32LayerNorm"), layer_forward("LayerNorm"),
@@ -346,10 +436,11 @@ def _rules(ours: Callable[[ModuleType], Callable[[str], bool]]) -> tuple[Rule, .
     )
 
 
-RULES: tuple[Rule, ...] = _rules(lambda tk: lambda op: True)
+RULES: tuple[Rule, ...] = rules()
 
-# The ops each rule needs (the C++ ops' names): in training a rule is applied only when all have a
-# backward. The attention processors' q/k norms are not listed: without a backward they run eager.
+# The ops each rule needs under grad (the C++ ops' names): in training a rule is applied only when
+# all have a backward. The attention processors' q/k norms are not listed: without a backward they
+# run the modules' own norms.
 RULE_OPS: dict[str, tuple[str, ...]] = {
     "ltx_rope_coords": ("ltx_rope_from_coords",),
     "ltx_block": ("norm_modulate", "gated_add", "gated_add_norm_modulate"),
@@ -359,6 +450,7 @@ RULE_OPS: dict[str, tuple[str, ...]] = {
     "adaln_zero_single": ("norm_modulate",),
     "sd35_adaln_zero_x": ("norm_modulate",),
     "adaln_continuous": ("norm_modulate",),
+    "linear_gelu": ("linear_gelu",),
     "gelu": ("activation",),
     "rms_norm": ("rms_norm",),
     "layer_norm": ("layer_norm",),
@@ -374,17 +466,19 @@ def _models(pipe_or_model) -> list[tuple[str, torch.nn.Module]]:
     return [(name, m) for name, m in components.items() if isinstance(m, torch.nn.Module)]
 
 
-def inject(pipe_or_model, tk: ModuleType | None = None, training: bool | None = None) -> InjectionReport:
+def inject(pipe_or_model, tk: ModuleType | None = None, *, merge_projections: bool = True,
+           linear_gelu: bool = True, training: bool | None = None) -> InjectionReport:
     """Patches every supported module of a pipeline's components (or of one model) in place.
 
-    ``training`` (default: whether any of the models is in training mode): take only the ops that
-    have a backward (module docstring). Returns what was replaced, by kind, and the matching
-    modules left alone with the reason."""
+    Returns what was replaced, by kind, and the matching modules left alone with the reason.
+    ``merge_projections`` and ``linear_gelu``: see the module docstring. ``training`` (default:
+    whether any of the models is in training mode): only the ops that have a backward."""
     models = _models(pipe_or_model)
     tk = tk or load_kernel()
     if training is None:
         training = any(m.training for _, m in models)
     if not training:
-        return apply_rules(models, RULES, tk)
+        return apply_rules(models, rules(merge_projections, linear_gelu), tk)
     has_backward = getattr(tk, "has_backward", lambda op: False)
-    return apply_rules(models, for_training(_rules(lambda tk: has_backward), RULE_OPS, tk), tk)
+    table = rules(merge_projections, linear_gelu, ours=lambda tk: has_backward)
+    return apply_rules(models, for_training(table, RULE_OPS, tk), tk)

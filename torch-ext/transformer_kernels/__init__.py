@@ -23,6 +23,7 @@ from .activation import (
     silu,
     silu_and_mul,
 )
+from .linear import linear_gelu, linear_gelu_fused
 from .loss import fused_linear_cross_entropy
 from .norm import (
     fused_add_rms_norm,
@@ -64,6 +65,8 @@ __all__ = [
     "hf_qk_norm_rope",
     "layer_norm",
     "layers",
+    "linear_gelu",
+    "linear_gelu_fused",
     "ltx_qk_norm_rope",
     "ltx_qk_norm_rope_from_coords",
     "ltx_rope",
@@ -76,3 +79,8 @@ __all__ = [
     "silu",
     "silu_and_mul",
 ]
+
+# Every op left without an Autograd kernel (out= and in-place forms, backward ops) refuses grad.
+from ._autograd import refuse_the_rest as _refuse_the_rest  # noqa: E402
+
+_refuse_the_rest()

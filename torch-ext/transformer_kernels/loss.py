@@ -22,7 +22,7 @@ from typing import Optional
 
 import torch
 
-from ._autograd import NO_BACKWARD, refuse_grad, register_backward
+from ._autograd import dispatch, register_backward
 from ._ops import add_op_namespace_prefix, ops
 
 REDUCTIONS = ("mean", "sum", "none")
@@ -77,9 +77,9 @@ def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targe
     grad = torch.is_grad_enabled() and reduction != "none"
     compute_grads = [grad and hidden.requires_grad, grad and weight.requires_grad,
                      grad and bias is not None and bias.requires_grad]
-    loss = _fused_linear_cross_entropy(hidden.reshape(-1, hidden.shape[-1]), weight, target.reshape(-1), bias,
-                                       ignore_index, reduction, float(label_smoothing),
-                                       None if softcap is None else float(softcap), compute_grads, chunk_rows)[0]
+    loss = dispatch(_fused_linear_cross_entropy, hidden.reshape(-1, hidden.shape[-1]), weight, target.reshape(-1),
+                    bias, ignore_index, reduction, float(label_smoothing), None if softcap is None else float(softcap),
+                    compute_grads, chunk_rows)[0]
     return loss.view(target.shape) if reduction == "none" else loss
 
 
@@ -168,4 +168,3 @@ def _backward(ctx, grad_loss, _grad_hidden, _grad_weight, _grad_bias):
 
 
 register_backward("fused_linear_cross_entropy", _backward, _setup_context)
-refuse_grad("fused_linear_cross_entropy_backward", NO_BACKWARD + " (no double backward)")

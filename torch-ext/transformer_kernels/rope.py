@@ -26,26 +26,22 @@ calls ``rope_cached_``); each of those names its op in its docstring.
 - ``flux_rope``: diffusers' Flux ``apply_rotary_emb`` (``use_real_unbind_dim=-1``) on q and k
   ``[B, S, H, d]`` with fp32 cos/sin ``[S, d]``: interleaved pairs per head, fp32 math.
 
-Training: ``apply_rotary_pos_emb``, ``ltx_rope``, ``flux_rope`` and ``ltx_rope_from_coords``
-have a backward (the rotation by -theta: the forward kernels with the sines transposed, in the
-forward's rounding); cos/sin, grid and freqs get no gradient and must not require grad (an error
-says so). The in-place inference forms ``apply_rotary_pos_emb_`` and ``rotary_embedding`` stay
-forward-only and refuse inputs that require grad under grad mode. (The fused q/k norm + RoPE ops'
-backward belongs to the norm family's training work.)
+Training: ``apply_rotary_pos_emb``, ``ltx_rope``, ``flux_rope`` and ``ltx_rope_from_coords`` have a
+backward (the rotation by -theta: the forward kernels with the sines transposed, in the forward's
+rounding), and so have the fused q/k norm + RoPE ops (``qk_norm_rope``, ``ltx_qk_norm_rope``,
+``hf_qk_norm_rope``, ``ltx_qk_norm_rope_from_coords``: q, k and the two norm weights; the inverse
+rotation, then the RMSNorm backward per row, statistics recomputed from q and k). The tables, the
+coordinates and the frequencies get no gradient: the models build them without grad; one that
+requires grad raises. The in-place inference forms ``apply_rotary_pos_emb_`` and
+``rotary_embedding`` stay forward-only, as does ``hf_qk_norm_rope(out=...)``: where a backward
+would be needed they raise.
 """
 
 from typing import Optional, Tuple
 
 import torch
 
-from ._autograd import (
-    IN_PLACE_INFERENCE,
-    NO_BACKWARD,
-    check_no_grad,
-    refuse_grad,
-    register_backward,
-    unit_stride_rows,
-)
+from ._autograd import check_no_grad, dispatch, grad_or_zeros, grad_rows, refuse_grad, register_backward
 from ._ops import add_op_namespace_prefix, ops
 
 STYLES = ("neox", "interleaved")
@@ -60,7 +56,7 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
     pass through). Returns new tensors in q and k's layout. The layout is handled in the op itself:
     views made here in Python would cost a decode step more host time than the kernel takes.
     Op: ``hf_rope``."""
-    return _hf_rope(q, k, cos, sin, unsqueeze_dim)
+    return dispatch(_hf_rope, q, k, cos, sin, unsqueeze_dim)
 
 
 def apply_rotary_pos_emb_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -68,7 +64,8 @@ def apply_rotary_pos_emb_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, s
     """In-place ``apply_rotary_pos_emb``: q and k are overwritten and returned. Op: ``hf_rope_``. Inference
     only (no backward): under grad mode, inputs that require grad are refused; train with
     ``apply_rotary_pos_emb``."""
-    _hf_rope_(q, k, cos, sin, unsqueeze_dim)
+    refuse_grad("apply_rotary_pos_emb_", "in-place form", q, k, cos, sin)
+    dispatch(_hf_rope_, q, k, cos, sin, unsqueeze_dim)
     return q, k
 
 
@@ -78,7 +75,7 @@ def ltx_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Ten
     ``[B, S, C]``. Pairs never straddle heads, so the whole hidden is rotated as one row; the
     identity channels LTX prepends when ``C % 6 != 0`` are in the tables (cos 1, sin 0).
     Op: ``rope`` (interleaved pairs, fp32 math)."""
-    q_out, k_out = _rope(q.unsqueeze(2), k.unsqueeze(2), cos, sin, "interleaved", True)
+    q_out, k_out = dispatch(_rope, q.unsqueeze(2), k.unsqueeze(2), cos, sin, "interleaved", True)
     return q_out.squeeze(2), k_out.squeeze(2)
 
 
@@ -86,7 +83,7 @@ def flux_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Te
                     ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Flux's rotation of q and k ``[B, S, H, d]`` with fp32 cos/sin ``[S, d]`` (shared by every head).
     Op: ``rope`` (interleaved pairs, fp32 math)."""
-    return _rope(q, k, cos.unsqueeze(0), sin.unsqueeze(0), "interleaved", True)
+    return dispatch(_rope, q, k, cos.unsqueeze(0), sin.unsqueeze(0), "interleaved", True)
 
 
 def ltx_qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float,
@@ -94,7 +91,7 @@ def ltx_qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k
     """LTX-Video's ``attn.norm_q(q)``, ``attn.norm_k(k)`` (``torch.nn.RMSNorm`` over all heads) and
     ``apply_rotary_emb`` in one pass. q, k ``[B, S, C]``; weights ``[C]``; fp32 cos/sin ``[B, S, C]``.
     Returns new tensors. Op: ``qk_norm_rope`` (the whole hidden as one head)."""
-    q_out, k_out = _qk_norm_rope(q.unsqueeze(2), k.unsqueeze(2), q_weight, k_weight, eps, cos, sin)
+    q_out, k_out = dispatch(_qk_norm_rope, q.unsqueeze(2), k.unsqueeze(2), q_weight, k_weight, eps, cos, sin)
     return q_out.squeeze(2), k_out.squeeze(2)
 
 
@@ -102,7 +99,7 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
                  cos: torch.Tensor, sin: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """Flux's per-head ``norm_q``/``norm_k`` (``torch.nn.RMSNorm`` over d) and ``apply_rotary_emb`` in
     one pass. q, k ``[B, S, H, d]``; weights ``[d]``; fp32 cos/sin ``[S, d]``. Returns new tensors."""
-    return _qk_norm_rope(q, k, q_weight, k_weight, eps, cos.unsqueeze(0), sin.unsqueeze(0))
+    return dispatch(_qk_norm_rope, q, k, q_weight, k_weight, eps, cos.unsqueeze(0), sin.unsqueeze(0))
 
 
 def hf_qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float,
@@ -141,9 +138,10 @@ def hf_qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_
         attention takes, as in eager.
     """
     if out is None:
-        return _hf_qk_norm_rope(q, k, q_weight, k_weight, eps, cos, sin)
+        return dispatch(_hf_qk_norm_rope, q, k, q_weight, k_weight, eps, cos, sin)
     if not isinstance(out, (tuple, list)) or len(out) != 2:
         raise TypeError(f"hf_qk_norm_rope: out must be a (q_out, k_out) pair of tensors, got {type(out).__name__}")
+    refuse_grad("hf_qk_norm_rope", "out= form", q, k, q_weight, k_weight, cos, sin)
     _hf_qk_norm_rope_out(out[0], out[1], q, k, q_weight, k_weight, eps, cos, sin)
     return out[0], out[1]
 
@@ -176,7 +174,7 @@ def ltx_rope_from_coords(q: torch.Tensor, k: torch.Tensor, grid: torch.Tensor, f
     tuple of torch.Tensor
         New contiguous ``(q_out, k_out)``.
     """
-    return _ltx_rope_from_coords(q, k, grid, freqs)
+    return dispatch(_ltx_rope_from_coords, q, k, grid, freqs)
 
 
 def ltx_qk_norm_rope_from_coords(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
@@ -202,7 +200,7 @@ def ltx_qk_norm_rope_from_coords(q: torch.Tensor, k: torch.Tensor, q_weight: tor
     tuple of torch.Tensor
         New contiguous ``(q_out, k_out)``.
     """
-    return _ltx_qk_norm_rope_from_coords(q, k, q_weight, k_weight, eps, grid, freqs)
+    return dispatch(_ltx_qk_norm_rope_from_coords, q, k, q_weight, k_weight, eps, grid, freqs)
 
 
 def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, head_size: int,
@@ -216,7 +214,8 @@ def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Te
     ``>= R`` are left alone. A position outside ``[0, max_position)`` makes that token's rotated
     channels NaN. Returns ``(query, key)``. Op: ``rope_cached_``. Inference only (no backward): under
     grad mode, inputs that require grad are refused."""
-    _rope_cached_(positions, query, key, head_size, cos_sin_cache, "neox" if is_neox else "interleaved")
+    refuse_grad("rotary_embedding", "in-place form", query, key, cos_sin_cache)
+    dispatch(_rope_cached_, positions, query, key, head_size, cos_sin_cache, "neox" if is_neox else "interleaved")
     return query, key
 
 
@@ -312,7 +311,8 @@ def _(grad_q, grad_k, grid, freqs):
     return grad_q.new_empty(grad_q.shape), grad_k.new_empty(grad_k.shape)
 
 
-# ---- autograd: the out-of-place rotations' backward is the rotation by -theta; the rest refuse grad ----
+# ---- autograd: the out-of-place rotations' backward is the rotation by -theta (the in-place forms and
+# the backward ops refuse grad: _autograd.refuse_the_rest) ----
 
 _rope_backward = ops.rope_backward.default
 _ltx_rope_from_coords_backward = ops.ltx_rope_from_coords_backward.default
@@ -326,7 +326,7 @@ def _setup_rope(ctx, inputs, output):
 
 def _rope_backward_fn(ctx, grad_q, grad_k):
     cos, sin = ctx.saved_tensors
-    dq, dk = _rope_backward(unit_stride_rows(grad_q), unit_stride_rows(grad_k), cos, sin, ctx.style, ctx.fp32_math)
+    dq, dk = _rope_backward(grad_rows(grad_q), grad_rows(grad_k), cos, sin, ctx.style, ctx.fp32_math)
     return dq, dk, None, None, None, None
 
 
@@ -340,7 +340,7 @@ def _hf_rope_backward_fn(ctx, grad_q, grad_k):
     cos, sin = ctx.saved_tensors
     # The kernels' [B, S, H, d] view of transformers' [B, H, S, d] (unsqueeze_dim 1), and back.
     as_bshd = (lambda t: t.transpose(1, 2)) if ctx.unsqueeze_dim == 1 else (lambda t: t)
-    dq, dk = _rope_backward(as_bshd(unit_stride_rows(grad_q)), as_bshd(unit_stride_rows(grad_k)), cos, sin,
+    dq, dk = _rope_backward(as_bshd(grad_rows(grad_q)), as_bshd(grad_rows(grad_k)), cos, sin,
                             "neox", False)
     return as_bshd(dq), as_bshd(dk), None, None, None
 
@@ -353,14 +353,64 @@ def _setup_ltx_rope_from_coords(ctx, inputs, output):
 
 def _ltx_rope_from_coords_backward_fn(ctx, grad_q, grad_k):
     grid, freqs = ctx.saved_tensors
-    dq, dk = _ltx_rope_from_coords_backward(unit_stride_rows(grad_q), unit_stride_rows(grad_k), grid, freqs)
+    dq, dk = _ltx_rope_from_coords_backward(grad_rows(grad_q), grad_rows(grad_k), grid, freqs)
     return dq, dk, None, None
 
 
 register_backward("rope", _rope_backward_fn, _setup_rope)
 register_backward("hf_rope", _hf_rope_backward_fn, _setup_hf_rope)
 register_backward("ltx_rope_from_coords", _ltx_rope_from_coords_backward_fn, _setup_ltx_rope_from_coords)
-for _name in ("rope_", "hf_rope_", "rope_cached_"):
-    refuse_grad(_name, IN_PLACE_INFERENCE)
-for _name in ("rope_backward", "ltx_rope_from_coords_backward"):
-    refuse_grad(_name, NO_BACKWARD + " (no double backward)")
+
+
+# ---- training: the fused q/k norm + RoPE backward ops (fake implementations) and autograd ----
+
+_qk_norm_rope_backward = ops.qk_norm_rope_backward.default
+_hf_qk_norm_rope_backward = ops.hf_qk_norm_rope_backward.default
+_ltx_qk_norm_rope_from_coords_backward = ops.ltx_qk_norm_rope_from_coords_backward.default
+
+
+def _qk_backward_fake(grad_q_out, grad_k_out, q, k, q_weight, k_weight, eps, cos_or_grid, sin_or_freqs, output_mask):
+    def grad(asked, t):
+        return t.new_empty(t.shape) if asked else q.new_empty((0,))
+
+    return grad(output_mask[0], q), grad(output_mask[1], k), grad(output_mask[2], q_weight), grad(output_mask[3], k_weight)
+
+
+for _name in ("qk_norm_rope_backward", "hf_qk_norm_rope_backward", "ltx_qk_norm_rope_from_coords_backward"):
+    torch.library.register_fake(add_op_namespace_prefix(_name), _qk_backward_fake)
+
+
+def _qk_norm_rope_setup(op: str, what: Tuple[str, str]):
+    """setup_context of a fused q/k norm + RoPE op: saves the inputs; refuses a gradient for the
+    tables (or coordinates), which the backward does not compute."""
+
+    def setup(ctx, inputs, output):
+        q, k, q_weight, k_weight, eps, a, b = inputs
+        if ctx.needs_input_grad[5] or ctx.needs_input_grad[6]:
+            raise RuntimeError(f"{op}: no gradient for {what[0]} and {what[1]} (the models build them without "
+                               f"grad); detach them, or use the eager code")
+        ctx.save_for_backward(q, k, q_weight, k_weight, a, b)
+        ctx.eps = eps
+
+    return setup
+
+
+def _qk_norm_rope_bwd(backward_op):
+    def backward(ctx, grad_q, grad_k):
+        q, k, q_weight, k_weight, a, b = ctx.saved_tensors
+        mask = list(ctx.needs_input_grad[:4])
+        grad_q, grad_k = grad_or_zeros(grad_q, q, q.dtype), grad_or_zeros(grad_k, k, k.dtype)
+        grads = backward_op(grad_rows(grad_q), grad_rows(grad_k), q, k, q_weight, k_weight, ctx.eps, a, b, mask)
+        return (*(g if asked else None for g, asked in zip(grads, mask)), None, None, None)
+
+    return backward
+
+
+torch.library.register_autograd(add_op_namespace_prefix("qk_norm_rope"), _qk_norm_rope_bwd(_qk_norm_rope_backward),
+                                setup_context=_qk_norm_rope_setup("qk_norm_rope", ("cos", "sin")))
+torch.library.register_autograd(add_op_namespace_prefix("hf_qk_norm_rope"),
+                                _qk_norm_rope_bwd(_hf_qk_norm_rope_backward),
+                                setup_context=_qk_norm_rope_setup("hf_qk_norm_rope", ("cos", "sin")))
+torch.library.register_autograd(add_op_namespace_prefix("ltx_qk_norm_rope_from_coords"),
+                                _qk_norm_rope_bwd(_ltx_qk_norm_rope_from_coords_backward),
+                                setup_context=_qk_norm_rope_setup("ltx_qk_norm_rope_from_coords", ("grid", "freqs")))
