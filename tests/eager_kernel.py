@@ -109,6 +109,98 @@ IMPLS = {
 }
 
 
+# ---- backward ops, in closed form (the impls run below the Autograd key: no autograd in here) ----
+
+def _act_grad(x, act):
+    """act'(x) in fp32 (ATen's formulas)."""
+    x = x.float()
+    if act == "silu":
+        sig = torch.sigmoid(x)
+        return sig * (1 + x * (1 - sig))
+    if act == "gelu":
+        return 0.5 * (1 + torch.erf(x * 0.7071067811865476)) + x * torch.exp(-0.5 * x * x) * 0.3989422804014327
+    beta, kappa = 0.7978845608028654, 0.044715
+    t = torch.tanh(beta * (x + kappa * x ** 3))
+    return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * beta * (1 + 3 * kappa * x * x)
+
+
+def _act_mul_grads(g, a, b, act):
+    return (_act_grad(a, act) * (g * b).float()).to(a.dtype), g * eager_activation(a, act)
+
+
+def _act_and_mul_grad(g, x, act, first):
+    lo, hi = x.chunk(2, dim=-1)
+    a, b = (lo, hi) if first else (hi, lo)
+    da, db = _act_mul_grads(g, a, b, act)
+    return torch.cat((da, db) if first else (db, da), dim=-1)
+
+
+def _transposed_sines(sin, style):
+    """The backward rotation's sines (s1, s2) -> (-s2, -s1): rope.cuh's transpose_sines."""
+    if style == "neox":
+        s1, s2 = sin.chunk(2, dim=-1)
+        return torch.cat((-s2, -s1), dim=-1)
+    pairs = sin.unflatten(-1, (-1, 2))
+    return torch.stack((-pairs[..., 1], -pairs[..., 0]), dim=-1).flatten(-2)
+
+
+def _flce_grads(hidden, weight, target, bias, ignore_index, smoothing, softcap, scale):
+    """dloss/dhidden, dloss/dweight of each row's loss times scale [N] (fp32 math)."""
+    logits = F.linear(hidden, weight, bias).float()
+    t = torch.tanh(logits / softcap) if softcap is not None else None
+    z = t * softcap if softcap is not None else logits
+    valid = target != ignore_index
+    g = torch.softmax(z, -1) - smoothing / z.shape[-1]
+    g.scatter_add_(1, target.clamp(min=0)[:, None], torch.full_like(g[:, :1], smoothing - 1))
+    if softcap is not None:
+        g = g * (1 - t * t)
+    g = (g * (scale * valid)[:, None]).to(hidden.dtype)
+    return g @ weight, g.T @ hidden
+
+
+def _flce_loss(hidden, weight, target, bias, ignore_index, reduction, smoothing, softcap):
+    logits = F.linear(hidden, weight, bias).float()
+    if softcap is not None:
+        logits = torch.tanh(logits / softcap) * softcap
+    return F.cross_entropy(logits, target, ignore_index=ignore_index, reduction=reduction, label_smoothing=smoothing)
+
+
+def _row_scale(target, ignore_index, reduction, grad):
+    n = target.shape[0]
+    scale = grad.float().reshape(-1).expand(n) if grad is not None else torch.ones(n)
+    return scale / (target != ignore_index).sum() if reduction == "mean" else scale
+
+
+def _flce(hidden, weight, target, bias, ignore_index, reduction, smoothing, softcap, want, chunk_rows):
+    loss = _flce_loss(hidden, weight, target, bias, ignore_index, reduction, smoothing, softcap)
+    none = hidden.new_empty((0,))
+    if not any(want):
+        return loss, none, none, none
+    dh, dw = _flce_grads(hidden, weight, target, bias, ignore_index, smoothing, softcap,
+                         _row_scale(target, ignore_index, reduction, None))
+    return loss, dh if want[0] else none, dw if want[1] else none, none
+
+
+def _flce_backward(grad, hidden, weight, target, bias, ignore_index, reduction, smoothing, softcap, want, chunk_rows):
+    dh, dw = _flce_grads(hidden, weight, target, bias, ignore_index, smoothing, softcap,
+                         _row_scale(target, ignore_index, reduction, grad))
+    none = hidden.new_empty((0,))
+    return dh if want[0] else none, dw if want[1] else none, none
+
+
+IMPLS.update({
+    "activation_backward": lambda g, x, act: (_act_grad(x, act) * g.float()).to(x.dtype),
+    "act_and_mul_backward": _act_and_mul_grad,
+    "act_mul_backward": lambda g, gate, up, act: _act_mul_grads(g, gate, up, act),
+    "rope_backward": lambda gq, gk, c, s, style, f: IMPLS["rope"](gq, gk, c, _transposed_sines(s, style), style, f),
+    "ltx_rope_from_coords_backward": lambda gq, gk, grid, freqs: tuple(t.squeeze(2) for t in IMPLS["rope"](
+        gq.unsqueeze(2), gk.unsqueeze(2), *(lambda c, s: (c, _transposed_sines(s, "interleaved")))(
+            *_tables(grid, freqs, gq.shape[-1])), "interleaved", True)),
+    "fused_linear_cross_entropy": _flce,
+    "fused_linear_cross_entropy_backward": _flce_backward,
+})
+
+
 def _out_form(name):
     """name_out(outs..., inputs...) writes the functional form's results into its outs."""
     outs = schemas()[f"{name}_out"].split("(", 1)[1].count("Tensor!")

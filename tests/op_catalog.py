@@ -283,6 +283,15 @@ def _activation_entries():
         "act_mul_out": ("act_mul_out", mul_out),
         "gated_add": ("gated_add", gated_add(False)),
         "gated_add_out": ("gated_add_out", gated_add(True)),
+        # backward: the output's gradient first, then the forward's inputs
+        "activation_backward[gelu_tanh]": ("activation_backward", lambda m, case: (
+            (m.tensor(_rows(m, case)[0], _rows(m, case)[1]), *act("gelu_tanh")(m, case)[0]), ())),
+        "act_and_mul_backward[silu]": ("act_and_mul_backward", lambda m, case: (
+            (m.tensor(_rows(m, case)[0], _rows(m, case)[1]), *and_mul("silu", True)(m, case)[0]), ())),
+        "act_and_mul_backward[gelu,geglu]": ("act_and_mul_backward", lambda m, case: (
+            (m.tensor(_rows(m, case)[0], _rows(m, case)[1]), *and_mul("gelu", False)(m, case)[0]), ())),
+        "act_mul_backward[silu]": ("act_mul_backward", lambda m, case: (
+            (m.tensor(_rows(m, case)[0], _rows(m, case)[1]), *mul("silu")(m, case)[0]), ())),
     }
 
 
@@ -411,6 +420,10 @@ def _rope_entries():
         "hf_qk_norm_rope_out": ("hf_qk_norm_rope_out", hf_qk_norm(True)),
         "ltx_rope_from_coords": ("ltx_rope_from_coords", ltx(False)),
         "ltx_qk_norm_rope_from_coords": ("ltx_qk_norm_rope_from_coords", ltx(True)),
+        # backward: q's and k's gradients in q's and k's place (the same layouts)
+        "rope_backward[neox]": ("rope_backward", rope("neox", False, False, True)),
+        "rope_backward[interleaved,fp32]": ("rope_backward", rope("interleaved", True, False, False)),
+        "ltx_rope_from_coords_backward": ("ltx_rope_from_coords_backward", ltx(False)),
     }
 
 
@@ -438,11 +451,45 @@ def _gemm_entries():
     }
 
 
+# ---- the fused linear cross-entropy: hidden [B*S, H] in the row case's layout, a vocabulary of 37 ----
+# (its hidden is 2-D: no "strided" case, whose check wants a 3-D view; the GEMMs take any strides)
+
+LOSS_VOCAB = 37
+LOSS_CASES = tuple(c for c in CASES if c != "strided")
+
+
+def _loss_entries():
+    def inputs(m, case):
+        (B, S, H), lay = _rows(m, case)
+        hidden = m.tensor((B * S, H), lay, scale=1.0, offset=0.0)
+        weight = m.tensor((LOSS_VOCAB, H), scale=0.2, offset=0.0)
+        target = torch.randint(0, LOSS_VOCAB, (B * S,), generator=m.gen)
+        target[::3] = -100
+        return hidden, weight, target.to(m.device)
+
+    def flce(reduction: str, grads: bool):
+        def build(m, case):
+            hidden, weight, target = inputs(m, case)
+            return (hidden, weight, target, None, -100, reduction, 0.1, 20.0, [grads, grads, False], 0), ()
+        return build
+
+    def flce_backward(m, case):
+        hidden, weight, target = inputs(m, case)
+        grad = m.place(m.uniform((hidden.shape[0],), 0.5, 1.5), _rows(m, case)[1], dtype=torch.float32)
+        return (grad, hidden, weight, target, None, -100, "none", 0.0, None, [True, True, False], 0), ()
+
+    return {
+        "fused_linear_cross_entropy[sum,grads]": ("fused_linear_cross_entropy", flce("sum", True)),
+        "fused_linear_cross_entropy[none]": ("fused_linear_cross_entropy", flce("none", False)),
+        "fused_linear_cross_entropy_backward[none]": ("fused_linear_cross_entropy_backward", flce_backward),
+    }
+
+
 # Ops that launch nothing (host queries): covered by the rest of their family.
 QUERY_OPS = ("linear_gelu_fused",)
 
 FAMILIES = {"norm": _norm_entries(), "activation": _activation_entries(), "rope": _rope_entries(),
-            "gemm": _gemm_entries()}
+            "gemm": _gemm_entries(), "loss": _loss_entries()}
 ENTRIES: dict[str, tuple[str, str, Callable]] = {
     name: (family, op, build) for family, entries in FAMILIES.items() for name, (op, build) in entries.items()
 }
@@ -452,7 +499,7 @@ COVERED_OPS = sorted({op for _, op, _ in ENTRIES.values()} | set(QUERY_OPS))
 def cases_of(name: str) -> tuple[str, ...]:
     family = ENTRIES[name][0]
     shapes = ROPE_SHAPES if family == "rope" else ROW_SHAPES
-    return tuple(c for c in CASES if c in shapes)
+    return tuple(c for c in CASES if c in shapes and (family != "loss" or c in LOSS_CASES))
 
 
 def build(name: str, dtype: torch.dtype, case: str, device="cuda", seed: int = 0) -> OpCall:

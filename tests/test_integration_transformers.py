@@ -94,7 +94,8 @@ def test_report(name, merge):
 
 
 def test_switches_are_the_table_s_and_unknown_ones_are_refused(tk):
-    assert SWITCHES == ("fused_add_rms_norm", "merge_projections", "qk_norm_rope", "rms_norm", "rope", "swiglu")
+    assert SWITCHES == ("fused_add_rms_norm", "fused_linear_cross_entropy", "merge_projections", "qk_norm_rope",
+                        "rms_norm", "rope", "swiglu")
     with pytest.raises(TypeError, match=r"unknown switch\(es\) \['rmsnorm'\]; the switches are"):
         inject(small_model("llama"), tk, rmsnorm=False)
     with pytest.raises(TypeError, match="True or False"):
@@ -111,6 +112,7 @@ REPLACED_WITHOUT = {
         "fused_add_rms_norm": {"merged_gate_up_mlp": 2, "rms_norm": 5, "merged_qkv_rope": 2},
         "qk_norm_rope": REPLACED["llama"],
         "merge_projections": REPLACED_UNMERGED["llama"],
+        "fused_linear_cross_entropy": REPLACED["llama"],  # its rule applies in training only
     },
     "qwen3": {
         "rms_norm": {"merged_gate_up_mlp": 2, "rope": 2},
@@ -119,6 +121,7 @@ REPLACED_WITHOUT = {
         "fused_add_rms_norm": {"merged_gate_up_mlp": 2, "rms_norm": 5, "merged_qkv_qk_norm_rope": 2},
         "qk_norm_rope": {"decoder_layer": 2, "merged_gate_up_mlp": 2, "rms_norm": 7, "rope": 2},
         "merge_projections": REPLACED_UNMERGED["qwen3"],
+        "fused_linear_cross_entropy": REPLACED["qwen3"],
     },
 }
 
@@ -131,8 +134,9 @@ def test_each_switch_off(tk, name, off):
     assert report.replaced == REPLACED_WITHOUT[name][off], report
     assert report.switches[off] is False and all(v for k, v in report.switches.items() if k != off)
     # without qk_norm_rope the rope and rms_norm rules take what the fused rule leaves, without
-    # merge_projections the unmerged rules
-    if off not in ("qk_norm_rope", "merge_projections"):
+    # merge_projections the unmerged rules; fused_linear_cross_entropy's rule is not in the
+    # inference table (test_training_integration turns it off in training)
+    if off not in ("qk_norm_rope", "merge_projections", "fused_linear_cross_entropy"):
         assert any(f"{off}=False" in why for why in report.skipped.values()), report
     assert f"switched off: {off}" in str(report)
 

@@ -6,9 +6,12 @@ A function has the name of the op it calls, except where it keeps the name of th
 it replaces (``apply_rotary_pos_emb``, vLLM's ``rotary_embedding``, ``silu_and_mul``, ...) or is
 a model's form of a shared op (``ltx_rope``, ``flux_rope``, ``ltx_qk_norm_rope``); those name
 their op in their docstrings.
+Ops with a backward (``has_backward(name)``) train in eager and under ``torch.compile``; the others
+refuse inputs that require grad under grad mode instead of dropping their gradients.
 """
 
 from . import layers
+from ._autograd import has_backward
 from ._ops import add_op_namespace_prefix, ops
 from .activation import (
     act_mul,
@@ -21,6 +24,7 @@ from .activation import (
     silu_and_mul,
 )
 from .linear import linear_gelu, linear_gelu_fused
+from .loss import fused_linear_cross_entropy
 from .norm import (
     fused_add_rms_norm,
     fused_add_rms_norm_,
@@ -50,9 +54,11 @@ __all__ = [
     "flux_rope",
     "fused_add_rms_norm",
     "fused_add_rms_norm_",
+    "fused_linear_cross_entropy",
     "gated_add",
     "gated_add_norm_modulate",
     "geglu",
+    "has_backward",
     "gelu",
     "gelu_and_mul",
     "gelu_tanh_and_mul",
@@ -73,3 +79,8 @@ __all__ = [
     "silu",
     "silu_and_mul",
 ]
+
+# Every op left without an Autograd kernel (out= and in-place forms, backward ops) refuses grad.
+from ._autograd import refuse_the_rest as _refuse_the_rest  # noqa: E402
+
+_refuse_the_rest()

@@ -2,7 +2,8 @@
 
 Following the Kernel Hub rules, a layer has no ``__init__`` and no members beyond ``forward`` and
 the ``has_backward``/``can_torch_compile`` flags; ``forward`` reads the state of the module it is
-bound to (``self.weight``, the eps attribute, ...).
+bound to (``self.weight``, the eps attribute, ...). ``has_backward`` is true where the layer's ops
+have a backward, so ``kernelize(model, mode=Mode.TRAINING)`` picks exactly those.
 """
 
 import functools
@@ -89,7 +90,7 @@ class Silu(torch.nn.Module):
     """``F.silu(x)`` (transformers' ``SiLUActivation``): ``silu``, op ``activation``."""
 
     can_torch_compile: bool = True
-    has_backward: bool = False
+    has_backward: bool = True
 
     @_any_channel_stride
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -100,7 +101,7 @@ class Gelu(torch.nn.Module):
     """``F.gelu(x)`` with erf: ``gelu``, op ``activation``."""
 
     can_torch_compile: bool = True
-    has_backward: bool = False
+    has_backward: bool = True
 
     @_any_channel_stride
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -111,7 +112,7 @@ class GeluTanh(torch.nn.Module):
     """``F.gelu(x, approximate="tanh")`` (transformers' ``GELUTanh``): ``gelu``, op ``activation``."""
 
     can_torch_compile: bool = True
-    has_backward: bool = False
+    has_backward: bool = True
 
     @_any_channel_stride
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -122,7 +123,7 @@ class SiluAndMul(torch.nn.Module):
     """``silu(x[..., :H]) * x[..., H:]``: ``silu_and_mul``, op ``act_and_mul``."""
 
     can_torch_compile: bool = True
-    has_backward: bool = False
+    has_backward: bool = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return silu_and_mul(x)
@@ -132,7 +133,7 @@ class GeluAndMul(torch.nn.Module):
     """``gelu(x[..., :H]) * x[..., H:]`` (erf): ``gelu_and_mul``, op ``act_and_mul``."""
 
     can_torch_compile: bool = True
-    has_backward: bool = False
+    has_backward: bool = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return gelu_and_mul(x)
@@ -142,7 +143,7 @@ class GeluTanhAndMul(torch.nn.Module):
     """``gelu_tanh(x[..., :H]) * x[..., H:]``: ``gelu_tanh_and_mul``, op ``act_and_mul``."""
 
     can_torch_compile: bool = True
-    has_backward: bool = False
+    has_backward: bool = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return gelu_tanh_and_mul(x)
@@ -158,7 +159,7 @@ class RotaryPosEmb(torch.nn.Module):
     """
 
     can_torch_compile: bool = True
-    has_backward: bool = False
+    has_backward: bool = True
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int = 1):
         return apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim)
