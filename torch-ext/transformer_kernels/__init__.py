@@ -16,6 +16,7 @@ from .activation import (
     silu,
     silu_and_mul,
 )
+from .group_norm import add_group_norm, group_norm
 from .norm import (
     fused_add_rms_norm,
     fused_add_rms_norm_,
@@ -39,6 +40,7 @@ from .rope import (
 
 __all__ = [
     "act_mul",
+    "add_group_norm",
     "add_op_namespace_prefix",
     "apply_rotary_pos_emb",
     "apply_rotary_pos_emb_",
@@ -52,6 +54,7 @@ __all__ = [
     "gelu",
     "gelu_and_mul",
     "gelu_tanh_and_mul",
+    "group_norm",
     "layer_norm",
     "layers",
     "ltx_qk_norm_rope",
