@@ -236,11 +236,11 @@ def hf_rope_case(tk, B: int, S: int, Hq: int, Hk: int, d: int, note: str) -> Cas
     if liger is not None:  # in place on contiguous copies, as Liger's own wrapper requires
         qc, kc = q.contiguous(), k.contiguous()
         impls["liger"] = lambda: liger(qc, kc, cos, sin)
-    return Case("rope (hf neox)", f"{B}x{S} q{Hq} k{Hk} d{d}", "bfloat16", 2 * nbytes(q, k) + nbytes(cos, sin), impls,
-                latency=S <= 4, note=note)
+    return Case("apply_rotary_pos_emb", f"{B}x{S} q{Hq} k{Hk} d{d}", "bfloat16", 2 * nbytes(q, k) + nbytes(cos, sin),
+                impls, latency=S <= 4, note=note)
 
 
-def qwen3_qk_norm_rope_case(tk, B: int, S: int, Hq: int, Hk: int, d: int, note: str) -> Case:
+def hf_qk_norm_rope_case(tk, B: int, S: int, Hq: int, Hk: int, d: int, note: str) -> Case:
     """Qwen3's attention from the projections to the rotated q and k: q, k [B, S, H, d] views of one
     fused projection, per-head q_norm/k_norm then apply_rotary_pos_emb with bf16 cos/sin [B, S, d]."""
     bf16 = dict(device="cuda", dtype=torch.bfloat16)
@@ -256,7 +256,7 @@ def qwen3_qk_norm_rope_case(tk, B: int, S: int, Hq: int, Hk: int, d: int, note: 
     # our two kernels one after the other: per-head rms_norm of q and of k, then the rotation of both
     impls["ours unfused"] = lambda: tk.apply_rotary_pos_emb(tk.rms_norm(q, wq, eps).transpose(1, 2),
                                                             tk.rms_norm(k, wk, eps).transpose(1, 2), cos, sin)
-    return Case("qk_norm_rope (qwen3)", f"{B}x{S} q{Hq} k{Hk} d{d}", "bfloat16",
+    return Case("hf_qk_norm_rope (qwen3)", f"{B}x{S} q{Hq} k{Hk} d{d}", "bfloat16",
                 2 * nbytes(q, k) + nbytes(cos, sin, wq, wk), impls, latency=S <= 4, note=note)
 
 
@@ -264,14 +264,14 @@ def rope_cases(tk, quick: bool) -> Iterator[Case]:
     bf16 = dict(device="cuda", dtype=torch.bfloat16)
     yield hf_rope_case(tk, 1, 1, 32, 8, 128, "Llama-3.1-8B decode, 1 token")
     yield hf_rope_case(tk, 1, 4096, 32, 8, 128, "Llama-3.1-8B prefill 4096")
-    yield qwen3_qk_norm_rope_case(tk, 1, 4096, 32, 8, 128, "Qwen3-8B prefill 4096 (eager: q_norm, k_norm, then "
-                                  "apply_rotary_pos_emb)")
+    yield hf_qk_norm_rope_case(tk, 1, 4096, 32, 8, 128, "Qwen3-8B prefill 4096 (eager: q_norm, k_norm, then "
+                               "apply_rotary_pos_emb)")
     if quick:
         return
-    yield qwen3_qk_norm_rope_case(tk, 1, 1, 32, 8, 128, "Qwen3-8B decode, 1 token")
+    yield hf_qk_norm_rope_case(tk, 1, 1, 32, 8, 128, "Qwen3-8B decode, 1 token")
     # The issue's 4-64 MB range (the 1.2x bar): 1024-token prefills (21 MB).
     yield hf_rope_case(tk, 1, 1024, 32, 8, 128, "Llama-3.1-8B prefill 1024")
-    yield qwen3_qk_norm_rope_case(tk, 1, 1024, 32, 8, 128, "Qwen3-8B prefill 1024")
+    yield hf_qk_norm_rope_case(tk, 1, 1024, 32, 8, 128, "Qwen3-8B prefill 1024")
     yield hf_rope_case(tk, 4, 4096, 32, 8, 128, "Llama-3.1-8B prefill 4x4096")
     # vLLM's form: positions into a cos/sin cache, in place on views of the fused QKV projection
     T, Hq, Hk, d = 16384, 32, 8, 128
@@ -280,7 +280,7 @@ def rope_cases(tk, quick: bool) -> Iterator[Case]:
     angles = torch.rand(8192, d // 2, device="cuda") * 100
     cache = torch.cat((angles.cos(), angles.sin()), -1).to(torch.bfloat16)
     positions = torch.randint(0, 8192, (T,), device="cuda")
-    yield Case("rope (vllm cached, in place)", f"{T} tokens q{Hq} k{Hk} d{d}", "bfloat16",
+    yield Case("rotary_embedding (vllm, in place)", f"{T} tokens q{Hq} k{Hk} d{d}", "bfloat16",
                2 * nbytes(q, k) + nbytes(positions) + T * d * 2,
                with_baselines(lambda: tk.rotary_embedding(positions, q, k, d, cache),
                               lambda p, q, k, c: vllm_rotary_embedding_native(p, q, k, d, c), (positions, q, k, cache),
@@ -290,8 +290,8 @@ def rope_cases(tk, quick: bool) -> Iterator[Case]:
     q, k = torch.randn(2, 8064, 2048, **bf16), torch.randn(2, 8064, 2048, **bf16)
     angles = torch.rand(2, 8064, 1024, device="cuda") * 100
     cos, sin = angles.cos().repeat_interleave(2, -1), angles.sin().repeat_interleave(2, -1)
-    yield Case("rope (ltx interleaved)", "2x8064x2048", "bfloat16", 2 * nbytes(q, k) + nbytes(cos, sin),
-               with_baselines(lambda: tk.ltx_rotary_emb(q, k, cos, sin),
+    yield Case("ltx_rope", "2x8064x2048", "bfloat16", 2 * nbytes(q, k) + nbytes(cos, sin),
+               with_baselines(lambda: tk.ltx_rope(q, k, cos, sin),
                               lambda q, k, c, s: (diffusers_interleaved_rotary(q, c, s),
                                                   diffusers_interleaved_rotary(k, c, s)), (q, k, cos, sin)),
                note="LTX-Video 2B, 49 frames 512x768, CFG batch 2 (fp32 tables are 2/3 of the bytes)")
@@ -300,17 +300,17 @@ def rope_cases(tk, quick: bool) -> Iterator[Case]:
 
     impls = with_baselines(lambda: tk.ltx_qk_norm_rope(q, k, wq, wk, 1e-6, cos, sin),
                            lambda q, k, c, s: diffusers_qk_norm_rope(q, k, wq, wk, 1e-6, c, s), (q, k, cos, sin))
-    impls["ours unfused"] = lambda: tk.ltx_rotary_emb(tk.rms_norm(q, wq, 1e-6, rounding="torch"),
-                                                      tk.rms_norm(k, wk, 1e-6, rounding="torch"), cos, sin)
-    yield Case("qk_norm_rope (ltx)", "2x8064x2048", "bfloat16", 2 * nbytes(q, k) + nbytes(cos, sin), impls,
+    impls["ours unfused"] = lambda: tk.ltx_rope(tk.rms_norm(q, wq, 1e-6, rounding="torch"),
+                                                tk.rms_norm(k, wk, 1e-6, rounding="torch"), cos, sin)
+    yield Case("ltx_qk_norm_rope", "2x8064x2048", "bfloat16", 2 * nbytes(q, k) + nbytes(cos, sin), impls,
                note="LTX-Video 2B self-attention: norm_q, norm_k and apply_rotary_emb")
     yield from ltx_from_coords_cases(tk, q, k, wq, wk)
     # Flux: q, k [1, 4608, 24, 128], fp32 tables [4608, 128]
     q, k = torch.randn(1, 4608, 24, 128, **bf16), torch.randn(1, 4608, 24, 128, **bf16)
     angles = torch.rand(4608, 64, device="cuda") * 100
     cos, sin = angles.cos().repeat_interleave(2, -1), angles.sin().repeat_interleave(2, -1)
-    yield Case("rope (flux interleaved)", "1x4608x24x128", "bfloat16", 2 * nbytes(q, k) + nbytes(cos, sin),
-               with_baselines(lambda: tk.flux_rotary_emb(q, k, cos, sin),
+    yield Case("flux_rope", "1x4608x24x128", "bfloat16", 2 * nbytes(q, k) + nbytes(cos, sin),
+               with_baselines(lambda: tk.flux_rope(q, k, cos, sin),
                               lambda q, k, c, s: (diffusers_interleaved_rotary(q, c[None, :, None], s[None, :, None]),
                                                   diffusers_interleaved_rotary(k, c[None, :, None], s[None, :, None])),
                               (q, k, cos, sin)), note="Flux 1024x1024 (4096 image + 512 text tokens)")
@@ -336,13 +336,13 @@ def ltx_from_coords_cases(tk, q: torch.Tensor, k: torch.Tensor, wq: torch.Tensor
     impls = with_baselines(lambda: tk.ltx_rope_from_coords(q, k, grid, freqs),
                            lambda q, k, c, s: (diffusers_interleaved_rotary(q, c, s),
                                                diffusers_interleaved_rotary(k, c, s)), (q, k, cos, sin))
-    impls["ours tables"] = lambda: tk.ltx_rotary_emb(q, k, cos, sin)
-    yield Case("rope (ltx from coords)", "2x8064x2048", "bfloat16", 2 * nbytes(q, k) + nbytes(grid, freqs), impls,
+    impls["ours tables"] = lambda: tk.ltx_rope(q, k, cos, sin)
+    yield Case("ltx_rope_from_coords", "2x8064x2048", "bfloat16", 2 * nbytes(q, k) + nbytes(grid, freqs), impls,
                note="cos/sin from grid and freqs in the kernel; baselines read the fp32 tables")
     impls = with_baselines(lambda: tk.ltx_qk_norm_rope_from_coords(q, k, wq, wk, 1e-6, grid, freqs),
                            lambda q, k, c, s: diffusers_qk_norm_rope(q, k, wq, wk, 1e-6, c, s), (q, k, cos, sin))
     impls["ours tables"] = lambda: tk.ltx_qk_norm_rope(q, k, wq, wk, 1e-6, cos, sin)
-    yield Case("qk_norm_rope (ltx from coords)", "2x8064x2048", "bfloat16",
+    yield Case("ltx_qk_norm_rope_from_coords", "2x8064x2048", "bfloat16",
                2 * nbytes(q, k) + nbytes(grid, freqs), impls,
                note="norm_q, norm_k and the rotation, cos/sin from grid and freqs; baselines read the fp32 tables")
 

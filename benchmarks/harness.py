@@ -39,7 +39,7 @@ def wall_time_s(fn: Callable[[], object], repeats: int) -> float:
 
 # How L2 is flushed before each timed rep. "write": triton's do_bench (a 256 MB memset), the
 # benchmark of record. "read": a 256 MB read, which leaves L2 clean; the memset leaves it full of
-# dirty lines that the timed kernel pays to write back (NOTES.md, session 6), and this mode shows
+# dirty lines that the timed kernel pays to write back (NOTES.md §Method), and this mode shows
 # how much of a kernel's time that is.
 FLUSH_MODES = ("write", "read")
 L2_FLUSH = "write"

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Creates .venv (Python >= 3.10) with the pinned requirements, once; reinstalls when
-# requirements.txt changes. Source it: it activates the environment in the calling shell.
+# Creates .venv (Python >= 3.11: tools/build_kernel.py reads build.toml with tomllib) with the
+# pinned requirements, once; reinstalls when requirements.txt changes. Source it: it activates the
+# environment in the calling shell.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$ROOT/.venv"
 PYTHON="${PYTHON:-python3}"
 if [ ! -x "$VENV/bin/python" ]; then
-  "$PYTHON" -c 'import sys; assert sys.version_info >= (3, 10), "Python >= 3.10 is required"'
+  "$PYTHON" -c 'import sys; assert sys.version_info >= (3, 11), "Python >= 3.11 is required (tomllib)"'
   "$PYTHON" -m venv "$VENV"
 fi
 STAMP="$VENV/.requirements.sha256"

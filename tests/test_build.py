@@ -108,7 +108,7 @@ def test_every_op_traces_on_meta(tk):
     cos = torch.empty(2, 9, 128, **meta)
     q_out, k_out = tk.apply_rotary_pos_emb(q, k, cos, cos)
     assert q_out.shape == q.shape and k_out.shape == k.shape
-    assert tk.ltx_rotary_emb(x, r, x.float(), x.float())[0].shape == x.shape
+    assert tk.ltx_rope(x, r, x.float(), x.float())[0].shape == x.shape
     qt, kt = torch.empty(9, 8 * 128, **meta), torch.empty(9, 2 * 128, **meta)
     positions = torch.empty(9, device="meta", dtype=torch.long)
     assert tk.rotary_embedding(positions, qt, kt, 128, torch.empty(64, 128, **meta))[0] is qt

@@ -26,15 +26,15 @@ EAGER_TK = SimpleNamespace(
         ltx_gated_add_norm_modulate(x, y, gate, scale, shift, norm, weight, bias, eps),
     gated_add=lambda x, y, gate: eager_gated_add(x, y, gate),
     gelu=lambda x, approximate="none": eager_activation(x, "gelu" if approximate == "none" else "gelu_tanh"),
-    ltx_rotary_emb=lambda q, k, cos, sin: (diffusers_interleaved_rotary(q, cos, sin),
-                                           diffusers_interleaved_rotary(k, cos, sin)),
+    ltx_rope=lambda q, k, cos, sin: (diffusers_interleaved_rotary(q, cos, sin),
+                                     diffusers_interleaved_rotary(k, cos, sin)),
     ltx_qk_norm_rope=diffusers_qk_norm_rope,
-    ltx_rope_from_coords=lambda q, k, grid, freqs: EAGER_TK.ltx_rotary_emb(
+    ltx_rope_from_coords=lambda q, k, grid, freqs: EAGER_TK.ltx_rope(
         q, k, *ltx_tables_from_coords(grid, freqs, q.shape[-1])),
     ltx_qk_norm_rope_from_coords=lambda q, k, q_weight, k_weight, eps, grid, freqs: diffusers_qk_norm_rope(
         q, k, q_weight, k_weight, eps, *ltx_tables_from_coords(grid, freqs, q.shape[-1])),
-    flux_rotary_emb=lambda q, k, cos, sin: (diffusers_interleaved_rotary(q, cos[None, :, None], sin[None, :, None]),
-                                            diffusers_interleaved_rotary(k, cos[None, :, None], sin[None, :, None])),
+    flux_rope=lambda q, k, cos, sin: (diffusers_interleaved_rotary(q, cos[None, :, None], sin[None, :, None]),
+                                      diffusers_interleaved_rotary(k, cos[None, :, None], sin[None, :, None])),
 )
 
 

@@ -105,11 +105,11 @@ def ltx_cos_sin(B, S, C):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("C", [2048, 4096, 96])
-def test_ltx_rotary_emb(tk, dtype, C):
+def test_ltx_rope(tk, dtype, C):
     B, S = 2, 301
     q, k = random_input((B, S, C), dtype), random_input((B, S, C), dtype)
     cos, sin = ltx_cos_sin(B, S, C)
-    q_out, k_out = tk.ltx_rotary_emb(q, k, cos, sin)
+    q_out, k_out = tk.ltx_rope(q, k, cos, sin)
     for ours, x in ((q_out, q), (k_out, k)):
         eager = diffusers_interleaved_rotary(x, cos, sin)
         mag = rope_magnitude(x, cos, sin, "interleaved")
@@ -119,12 +119,12 @@ def test_ltx_rotary_emb(tk, dtype, C):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("H", [24, 3])  # 3: a group of two heads holds q's last head and k's first
-def test_flux_rotary_emb(tk, dtype, H):
+def test_flux_rope(tk, dtype, H):
     B, S, d = 1, 512, 128
     q, k = random_input((B, S, H, d), dtype), random_input((B, S, H, d), dtype)
     freqs = torch.rand(S, d // 2, device="cuda") * 100
     cos, sin = freqs.cos().repeat_interleave(2, -1), freqs.sin().repeat_interleave(2, -1)
-    q_out, k_out = tk.flux_rotary_emb(q, k, cos, sin)
+    q_out, k_out = tk.flux_rope(q, k, cos, sin)
     for ours, x in ((q_out, q), (k_out, k)):
         c, s = cos[None, :, None, :], sin[None, :, None, :]
         eager = diffusers_interleaved_rotary(x, c, s)
@@ -257,7 +257,7 @@ def test_ltx_qk_norm_rope(tk, dtype, weight_fp32, C, shared_tables, offset):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("offset", [0, 2], ids=["aligned", "pair_aligned"])  # 2: the one-pair-per-vector path
-def test_flux_qk_norm_rope(tk, dtype, d, offset):
+def test_qk_norm_rope(tk, dtype, d, offset):
     B, S, H, eps = 2, 23, 3, 1e-6
     qkv = random_input((B, S, offset + 3 * H * d), dtype)[..., offset:]
     q = qkv[..., : H * d].unflatten(-1, (H, d))
@@ -319,8 +319,8 @@ def ltx_coords_and_tables(B, F, H, W, C, source):
 @pytest.mark.parametrize("C", [2048, 4096, 96, 100, 98, 8])  # C % 6: 2, 4, 0, 4, 2, 2 identity channels
 @pytest.mark.parametrize("source", LTX_COORD_SOURCES)
 @pytest.mark.parametrize("offset", [0, 1], ids=["vectors", "pairs"])  # 1: the pair-by-pair path
-def test_ltx_rotary_emb_from_coords(tk, dtype, C, source, offset):
-    """The same bits as ltx_rotary_emb with the module's tables; float64 and eager bounds."""
+def test_ltx_rope_from_coords(tk, dtype, C, source, offset):
+    """The same bits as ltx_rope with the module's tables; float64 and eager bounds."""
     B, F, H, W = 2, 3, 5, 7
     grid, freqs, cos, sin = ltx_coords_and_tables(B, F, H, W, C, source)
     S = grid.shape[1]
@@ -328,7 +328,7 @@ def test_ltx_rotary_emb_from_coords(tk, dtype, C, source, offset):
     q, k = qkv[..., :C], qkv[..., C: 2 * C]  # views of the fused projection
     q_out, k_out = with_poisoned_outputs(lambda: tk.ltx_rope_from_coords(q, k, grid, freqs), q, k)
     assert_all_written(q_out, k_out)
-    q_tab, k_tab = tk.ltx_rotary_emb(q, k, cos, sin)
+    q_tab, k_tab = tk.ltx_rope(q, k, cos, sin)
     assert torch.equal(q_out, q_tab) and torch.equal(k_out, k_tab), "differs from the table form"
     cos64, sin64 = ltx_tables_float64(grid, freqs, C)
     for ours, x in ((q_out, q), (k_out, k)):
@@ -418,7 +418,7 @@ def check_hf_qk_norm_rope(ours, x, weight, eps, cos, sin, eager):
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("heads", [(32, 8), (7, 1), (5, 3)], ids=["gqa_32_8", "odd_7_1", "odd_5_3"])
 @pytest.mark.parametrize("shared_tables", [False, True], ids=["tables_per_batch", "tables_shared"])
-def test_qwen3_qk_norm_rope(tk, dtype, d, heads, shared_tables):
+def test_hf_qk_norm_rope(tk, dtype, d, heads, shared_tables):
     B, S, eps = 2, 37, 1e-6
     q, k = qwen3_qk(B, S, *heads, d, dtype)
     q0, k0 = q.clone(), k.clone()
@@ -448,7 +448,7 @@ def exact_square_sums(shape, dtype, device="cuda"):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("offset", [0, 1], ids=["vectors", "elements"])
-def test_qwen3_qk_norm_rope_equals_eager_bit_for_bit(tk, dtype, d, offset):
+def test_hf_qk_norm_rope_equals_eager_bit_for_bit(tk, dtype, d, offset):
     """Where the sum of squares cannot round differently, the result is eager's, bit for bit."""
     B, S, Hq, Hk, eps = 2, 19, 6, 2, 1e-6
     q, k = qwen3_qk(B, S, Hq, Hk, d, dtype, offset, make=exact_square_sums)
@@ -462,7 +462,7 @@ def test_qwen3_qk_norm_rope_equals_eager_bit_for_bit(tk, dtype, d, offset):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("d", [2, 18, 40, 72, 512, 1024, 4096])  # every lane-group width, odd half widths
 @pytest.mark.parametrize("offset", [0, 1], ids=["aligned", "unaligned"])
-def test_qwen3_qk_norm_rope_widths_and_layouts(tk, dtype, d, offset):
+def test_hf_qk_norm_rope_widths_and_layouts(tk, dtype, d, offset):
     """Head widths from one pair to the widest the element-by-element path holds, misaligned
     pointers, tables that are strided views, and outputs written straight into the [B, H, S, d]
     layout the attention takes."""
@@ -479,7 +479,7 @@ def test_qwen3_qk_norm_rope_widths_and_layouts(tk, dtype, d, offset):
     check_hf_qk_norm_rope(outs[1], k, wk, eps, cos, sin, k_eager)
 
 
-def test_qwen3_qk_norm_rope_empty(tk):
+def test_hf_qk_norm_rope_empty(tk):
     d = 128
     w = norm_weight(d, torch.bfloat16)
     for B, S, Hq, Hk in ((2, 0, 4, 2), (0, 3, 4, 2)):
@@ -495,7 +495,7 @@ def test_qwen3_qk_norm_rope_empty(tk):
     check_hf_qk_norm_rope(q_out, q, w, 1e-6, cos, sin, hf_qk_norm_rope(q, k, w, w, 1e-6, cos, sin)[0])
 
 
-def test_qwen3_qk_norm_rope_opcheck_and_compile(tk):
+def test_hf_qk_norm_rope_opcheck_and_compile(tk):
     q, k = qwen3_qk(2, 8, 4, 2, 128, torch.bfloat16)
     wq, wk = norm_weight(128, torch.bfloat16), norm_weight(128, torch.bfloat16)
     cos, sin = hf_cos_sin(2, 8, 128, torch.bfloat16, QWEN3_THETA)

@@ -14,7 +14,7 @@ launch__occupancy_limit_registers,sm__throughput.avg.pct_of_peak_sustained_elaps
 lts__t_sectors_srcunit_tex_op_read.sum,lts__t_sector_hit_rate.pct
 # WarpStateStats (why warps stall) and InstructionStats / ComputeWorkloadAnalysis (which pipes
 # issue): the modulated norms are 80 % SM-busy at 60 % of copy, and guesses at the cause
-# (conversions, 64-bit divisions) bought a few points each (NOTES.md, session 3).
+# (conversions, 64-bit divisions) bought a few points each (benchmarks/NOTES.md §Norms).
 # Only our kernels (and Liger's rms_norm, the baseline ours trails): the probe's input generation
 # (randn) would double the profiling time.
 "$NCU" --clock-control none --kernel-name regex:"kernel_entry|_rms_norm_forward_kernel" \

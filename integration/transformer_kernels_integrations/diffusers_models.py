@@ -157,7 +157,7 @@ class FluxAttnProcessor:
             key = torch.cat([encoder_key, key], dim=1)
             value = torch.cat([encoder_value, value], dim=1)
         if image_rotary_emb is not None:
-            query, key = self.tk.flux_rotary_emb(query, key, *image_rotary_emb)
+            query, key = self.tk.flux_rope(query, key, *image_rotary_emb)
 
         hidden_states = dispatch_attention_fn(query, key, value, attn_mask=attention_mask,
                                               backend=self._attention_backend, parallel_config=self._parallel_config)
@@ -215,7 +215,7 @@ class LTXAttnProcessor:
             query = self._qk_norm(attn.norm_q, query)
             key = self._qk_norm(attn.norm_k, key)
             if image_rotary_emb is not None:
-                rotate = self.tk.ltx_rope_from_coords if from_coords else self.tk.ltx_rotary_emb
+                rotate = self.tk.ltx_rope_from_coords if from_coords else self.tk.ltx_rope
                 query, key = rotate(query, key, *image_rotary_emb)
 
         query = query.unflatten(2, (attn.heads, -1))

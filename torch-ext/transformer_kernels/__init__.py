@@ -2,6 +2,10 @@
 
 Every op is registered in C++ under this build's op namespace (reach it through ``ops``) and has
 a fake implementation, so it runs under ``torch.compile(fullgraph=True)`` without graph breaks.
+A function has the name of the op it calls, except where it keeps the name of the library function
+it replaces (``apply_rotary_pos_emb``, vLLM's ``rotary_embedding``, ``silu_and_mul``, ...) or is
+a model's form of a shared op (``ltx_rope``, ``flux_rope``, ``ltx_qk_norm_rope``); those name
+their op in their docstrings.
 """
 
 from . import layers
@@ -28,13 +32,13 @@ from .norm import (
 from .rope import (
     apply_rotary_pos_emb,
     apply_rotary_pos_emb_,
-    qk_norm_rope,
-    flux_rotary_emb,
+    flux_rope,
+    hf_qk_norm_rope,
     ltx_qk_norm_rope,
     ltx_qk_norm_rope_from_coords,
-    ltx_rotary_emb,
+    ltx_rope,
     ltx_rope_from_coords,
-    hf_qk_norm_rope,
+    qk_norm_rope,
     rotary_embedding,
 )
 
@@ -44,8 +48,7 @@ __all__ = [
     "add_op_namespace_prefix",
     "apply_rotary_pos_emb",
     "apply_rotary_pos_emb_",
-    "qk_norm_rope",
-    "flux_rotary_emb",
+    "flux_rope",
     "fused_add_rms_norm",
     "fused_add_rms_norm_",
     "gated_add",
@@ -55,15 +58,16 @@ __all__ = [
     "gelu_and_mul",
     "gelu_tanh_and_mul",
     "group_norm",
+    "hf_qk_norm_rope",
     "layer_norm",
     "layers",
     "ltx_qk_norm_rope",
     "ltx_qk_norm_rope_from_coords",
-    "ltx_rotary_emb",
+    "ltx_rope",
     "ltx_rope_from_coords",
     "norm_modulate",
     "ops",
-    "hf_qk_norm_rope",
+    "qk_norm_rope",
     "rms_norm",
     "rotary_embedding",
     "silu",

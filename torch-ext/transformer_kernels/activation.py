@@ -4,6 +4,11 @@ All compute in fp32 with ATen's formulas and round as the eager code does: ``act
 gated units ``act(a) * b`` twice (the activation's result, then the product), like
 ``F.silu(gate) * up`` in transformers' MLPs and ``h * F.gelu(gate)`` in diffusers' GEGLU. Inputs:
 CUDA float32/float16/bfloat16, last dimension contiguous, leading dimensions any strides.
+
+Ops: ``act_mul`` and ``gated_add`` are the functions of those names. ``silu`` and ``gelu`` keep
+``torch.nn.functional``'s names and call the ``activation`` op; ``silu_and_mul``,
+``gelu_and_mul``, ``gelu_tanh_and_mul`` (vLLM's and kernels-community's names) and ``geglu``
+(diffusers') call the ``act_and_mul`` op.
 """
 
 from typing import Optional
@@ -29,12 +34,13 @@ def _activation(x: torch.Tensor, act: str, out: Optional[torch.Tensor]) -> torch
 
 
 def silu(x: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """``x * sigmoid(x)``, as ``F.silu``."""
+    """``x * sigmoid(x)``, as ``F.silu``. Op: ``activation``."""
     return _activation(x, "silu", out)
 
 
 def gelu(x: torch.Tensor, approximate: str = "none", out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """``F.gelu(x, approximate)``: exact (erf) for ``"none"``, the tanh form for ``"tanh"``."""
+    """``F.gelu(x, approximate)``: exact (erf) for ``"none"``, the tanh form for ``"tanh"``.
+    Op: ``activation``."""
     return _activation(x, _gelu_name(approximate), out)
 
 
@@ -46,23 +52,24 @@ def _act_and_mul(x: torch.Tensor, act: str, act_first: bool, out: Optional[torch
 
 
 def silu_and_mul(x: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """``silu(x[..., :H]) * x[..., H:]`` for ``x`` of shape ``[..., 2H]`` (vLLM / kernels-community)."""
+    """``silu(x[..., :H]) * x[..., H:]`` for ``x`` of shape ``[..., 2H]`` (vLLM / kernels-community).
+    Op: ``act_and_mul``."""
     return _act_and_mul(x, "silu", True, out)
 
 
 def gelu_and_mul(x: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """``gelu(x[..., :H]) * x[..., H:]`` (exact GELU) for ``x`` of shape ``[..., 2H]``."""
+    """``gelu(x[..., :H]) * x[..., H:]`` (exact GELU) for ``x`` of shape ``[..., 2H]``. Op: ``act_and_mul``."""
     return _act_and_mul(x, "gelu", True, out)
 
 
 def gelu_tanh_and_mul(x: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """``gelu_tanh(x[..., :H]) * x[..., H:]`` for ``x`` of shape ``[..., 2H]``."""
+    """``gelu_tanh(x[..., :H]) * x[..., H:]`` for ``x`` of shape ``[..., 2H]``. Op: ``act_and_mul``."""
     return _act_and_mul(x, "gelu_tanh", True, out)
 
 
 def geglu(x: torch.Tensor, approximate: str = "none", out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """diffusers' ``GEGLU`` on its projection ``[..., 2H]``: ``h, gate = x.chunk(2, -1)``,
-    ``h * gelu(gate)``; the gate is the second half (SDXL's transformer blocks)."""
+    ``h * gelu(gate)``; the gate is the second half (SDXL's transformer blocks). Op: ``act_and_mul``."""
     return _act_and_mul(x, _gelu_name(approximate), False, out)
 
 

@@ -32,7 +32,8 @@ def _any_channel_stride(forward):
 
 
 class RMSNorm(torch.nn.Module):
-    """RMSNorm for transformers' ``LlamaRMSNorm`` family, diffusers' ``RMSNorm`` and ``torch.nn.RMSNorm``.
+    """RMSNorm for transformers' ``LlamaRMSNorm`` family, diffusers' ``RMSNorm`` and ``torch.nn.RMSNorm``
+    (op ``rms_norm``).
 
     The host module's type picks the rounding, so the output matches the module being replaced:
     ``variance_epsilon`` (transformers) -> ``"hf"``; ``torch.nn.RMSNorm`` -> ``"torch"`` (its
@@ -63,7 +64,7 @@ class RMSNorm(torch.nn.Module):
 
 
 class LayerNorm(torch.nn.Module):
-    """LayerNorm over the last dimension for ``torch.nn.LayerNorm`` (weight and bias optional).
+    """LayerNorm over the last dimension for ``torch.nn.LayerNorm`` (weight and bias optional; op ``layer_norm``).
 
     Shapes:
         - input: ``[..., hidden]``
@@ -113,7 +114,7 @@ class GroupNorm(torch.nn.Module):
 
 
 class Silu(torch.nn.Module):
-    """``F.silu(x)`` (transformers' ``SiLUActivation``)."""
+    """``F.silu(x)`` (transformers' ``SiLUActivation``): ``silu``, op ``activation``."""
 
     can_torch_compile: bool = True
     has_backward: bool = False
@@ -124,7 +125,7 @@ class Silu(torch.nn.Module):
 
 
 class Gelu(torch.nn.Module):
-    """``F.gelu(x)`` with erf."""
+    """``F.gelu(x)`` with erf: ``gelu``, op ``activation``."""
 
     can_torch_compile: bool = True
     has_backward: bool = False
@@ -135,7 +136,7 @@ class Gelu(torch.nn.Module):
 
 
 class GeluTanh(torch.nn.Module):
-    """``F.gelu(x, approximate="tanh")`` (transformers' ``GELUTanh``)."""
+    """``F.gelu(x, approximate="tanh")`` (transformers' ``GELUTanh``): ``gelu``, op ``activation``."""
 
     can_torch_compile: bool = True
     has_backward: bool = False
@@ -146,7 +147,7 @@ class GeluTanh(torch.nn.Module):
 
 
 class SiluAndMul(torch.nn.Module):
-    """``silu(x[..., :H]) * x[..., H:]``."""
+    """``silu(x[..., :H]) * x[..., H:]``: ``silu_and_mul``, op ``act_and_mul``."""
 
     can_torch_compile: bool = True
     has_backward: bool = False
@@ -156,7 +157,7 @@ class SiluAndMul(torch.nn.Module):
 
 
 class GeluAndMul(torch.nn.Module):
-    """``gelu(x[..., :H]) * x[..., H:]`` (erf)."""
+    """``gelu(x[..., :H]) * x[..., H:]`` (erf): ``gelu_and_mul``, op ``act_and_mul``."""
 
     can_torch_compile: bool = True
     has_backward: bool = False
@@ -166,7 +167,7 @@ class GeluAndMul(torch.nn.Module):
 
 
 class GeluTanhAndMul(torch.nn.Module):
-    """``gelu_tanh(x[..., :H]) * x[..., H:]``."""
+    """``gelu_tanh(x[..., :H]) * x[..., H:]``: ``gelu_tanh_and_mul``, op ``act_and_mul``."""
 
     can_torch_compile: bool = True
     has_backward: bool = False
@@ -177,7 +178,7 @@ class GeluTanhAndMul(torch.nn.Module):
 
 class RotaryPosEmb(torch.nn.Module):
     """transformers' ``apply_rotary_pos_emb`` (hub function name ``"rotary_pos_emb"``): q and k rotated
-    in one launch; returns ``(q_embed, k_embed)``.
+    in one launch (``apply_rotary_pos_emb``, op ``hf_rope``); returns ``(q_embed, k_embed)``.
 
     Shapes:
         - q: ``[B, Hq, S, d]``, k: ``[B, Hk, S, d]`` (``unsqueeze_dim=1``)

@@ -1,11 +1,15 @@
 """Rotary position embeddings: Python API and fake (meta) implementations.
 
-One launch rotates q and k. The forms follow the libraries they replace:
+One launch rotates q and k. The forms follow the libraries they replace. A function has its op's
+name, except the model-specific forms of a shared op (``ltx_rope`` and ``flux_rope`` call
+``rope``; ``ltx_qk_norm_rope`` calls ``qk_norm_rope``) and the functions that keep the name of the
+library function they replace (``apply_rotary_pos_emb`` calls ``hf_rope``, ``rotary_embedding``
+calls ``rope_cached_``); each of those names its op in its docstring.
 
 - ``apply_rotary_pos_emb``: transformers' function of the same name and signature. q ``[B, Hq, S, d]``
   and k ``[B, Hk, S, d]`` (often strided views of a fused QKV projection), cos/sin ``[B, S, R]`` in
   the model dtype, half rotation (NeoX), each op rounded to the model dtype.
-- ``ltx_rotary_emb``: diffusers' LTX-Video ``apply_rotary_emb`` on q and k ``[B, S, H*d]`` with fp32
+- ``ltx_rope``: diffusers' LTX-Video ``apply_rotary_emb`` on q and k ``[B, S, H*d]`` with fp32
   cos/sin ``[B, S, H*d]``: interleaved pairs over the whole hidden, fp32 math, one rounding.
 - ``ltx_qk_norm_rope`` / ``qk_norm_rope``: the attention's q/k ``torch.nn.RMSNorm`` and the
   rotation above in one pass (q and k in one launch): across all heads for LTX-Video, per head for Flux.
@@ -19,7 +23,7 @@ One launch rotates q and k. The forms follow the libraries they replace:
 - ``rotary_embedding``: vLLM's op of the same name and signature, in place: token positions index a
   ``cos_sin_cache`` ``[max_position, R]`` (R/2 cosines then R/2 sines per row), q ``[T, Hq*d]``,
   k ``[T, Hk*d]``, R <= d.
-- ``flux_rotary_emb``: diffusers' Flux ``apply_rotary_emb`` (``use_real_unbind_dim=-1``) on q and k
+- ``flux_rope``: diffusers' Flux ``apply_rotary_emb`` (``use_real_unbind_dim=-1``) on q and k
   ``[B, S, H, d]`` with fp32 cos/sin ``[S, d]``: interleaved pairs per head, fp32 math.
 """
 
@@ -39,29 +43,32 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
     q ``[B, Hq, S, d]`` and k ``[B, Hk, S, d]`` for ``unsqueeze_dim=1`` (``[B, S, H, d]`` for 2), any
     strides with the last dimension contiguous; cos/sin ``[B, S, R]`` (``R <= d``; channels ``>= R``
     pass through). Returns new tensors in q and k's layout. The layout is handled in the op itself:
-    views made here in Python would cost a decode step more host time than the kernel takes."""
+    views made here in Python would cost a decode step more host time than the kernel takes.
+    Op: ``hf_rope``."""
     return _hf_rope(q, k, cos, sin, unsqueeze_dim)
 
 
 def apply_rotary_pos_emb_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                           unsqueeze_dim: int = 1) -> Tuple[torch.Tensor, torch.Tensor]:
-    """In-place ``apply_rotary_pos_emb``: q and k are overwritten and returned."""
+    """In-place ``apply_rotary_pos_emb``: q and k are overwritten and returned. Op: ``hf_rope_``."""
     _hf_rope_(q, k, cos, sin, unsqueeze_dim)
     return q, k
 
 
-def ltx_rotary_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+def ltx_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
                    ) -> Tuple[torch.Tensor, torch.Tensor]:
     """LTX-Video's rotation of q and k ``[B, S, C]`` (before the head split) with fp32 cos/sin
     ``[B, S, C]``. Pairs never straddle heads, so the whole hidden is rotated as one row; the
-    identity channels LTX prepends when ``C % 6 != 0`` are in the tables (cos 1, sin 0)."""
+    identity channels LTX prepends when ``C % 6 != 0`` are in the tables (cos 1, sin 0).
+    Op: ``rope`` (interleaved pairs, fp32 math)."""
     q_out, k_out = _rope(q.unsqueeze(2), k.unsqueeze(2), cos, sin, "interleaved", True)
     return q_out.squeeze(2), k_out.squeeze(2)
 
 
-def flux_rotary_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+def flux_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
                     ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Flux's rotation of q and k ``[B, S, H, d]`` with fp32 cos/sin ``[S, d]`` (shared by every head)."""
+    """Flux's rotation of q and k ``[B, S, H, d]`` with fp32 cos/sin ``[S, d]`` (shared by every head).
+    Op: ``rope`` (interleaved pairs, fp32 math)."""
     return _rope(q, k, cos.unsqueeze(0), sin.unsqueeze(0), "interleaved", True)
 
 
@@ -69,7 +76,7 @@ def ltx_qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k
                      cos: torch.Tensor, sin: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """LTX-Video's ``attn.norm_q(q)``, ``attn.norm_k(k)`` (``torch.nn.RMSNorm`` over all heads) and
     ``apply_rotary_emb`` in one pass. q, k ``[B, S, C]``; weights ``[C]``; fp32 cos/sin ``[B, S, C]``.
-    Returns new tensors."""
+    Returns new tensors. Op: ``qk_norm_rope`` (the whole hidden as one head)."""
     q_out, k_out = _qk_norm_rope(q.unsqueeze(2), k.unsqueeze(2), q_weight, k_weight, eps, cos, sin)
     return q_out.squeeze(2), k_out.squeeze(2)
 
@@ -126,7 +133,7 @@ def hf_qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_
 
 def ltx_rope_from_coords(q: torch.Tensor, k: torch.Tensor, grid: torch.Tensor, freqs: torch.Tensor
                          ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``ltx_rotary_emb`` with cos/sin computed in the kernel instead of read from tables.
+    """``ltx_rope`` with cos/sin computed in the kernel instead of read from tables.
 
     For channel pair ``p`` (channels ``2p, 2p + 1``) of ``C = q.shape[-1]``, with ``P = (C % 6) // 2``
     identity pairs at the front (cos 1, sin 0) and ``a = p - P``::
@@ -135,7 +142,7 @@ def ltx_rope_from_coords(q: torch.Tensor, k: torch.Tensor, grid: torch.Tensor, f
         out   = round(x * cos(angle) + rotate(x) * sin(angle))   # fp32, one rounding to q's dtype
 
     which is ``LTXVideoRotaryPosEmbed``'s table entry for the same grid and freqs, so the result
-    equals ``ltx_rotary_emb`` with that module's tables bit for bit.
+    equals ``ltx_rope`` with that module's tables bit for bit.
 
     Parameters
     ----------
@@ -190,7 +197,7 @@ def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Te
     R/2 cosines then R/2 sines per row, in query's dtype (each op rounded, as vLLM computes) or
     float32 (one rounding). ``is_neox``: half rotation; else GPT-J's interleaved pairs. Channels
     ``>= R`` are left alone. A position outside ``[0, max_position)`` makes that token's rotated
-    channels NaN. Returns ``(query, key)``."""
+    channels NaN. Returns ``(query, key)``. Op: ``rope_cached_``."""
     _rope_cached_(positions, query, key, head_size, cos_sin_cache, "neox" if is_neox else "interleaved")
     return query, key
 
