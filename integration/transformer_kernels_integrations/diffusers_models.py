@@ -1,7 +1,8 @@
 """Swap transformer-kernels into diffusers models with one call: ``report = inject(pipe_or_model)``.
 
 Covered: LTX-Video (blocks, attention, FFN, norms) and Flux (AdaLayerNormZero modulation, attention,
-FFN, norms); any model's RMSNorm, LayerNorm and GELU modules.
+FFN, norms); Stable Diffusion 1.5/XL UNets and their VAE (ResNet blocks, GroupNorm + SiLU, GEGLU:
+``diffusers_sd.py``); any model's RMSNorm, LayerNorm, GroupNorm and GELU modules.
 
 What is replaced is a table (``RULES``): each rule names the module class it matches (by class
 name, so both ``diffusers.models.normalization.RMSNorm`` and ``torch.nn.RMSNorm`` are found), and
@@ -20,6 +21,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
+from .diffusers_sd import SD_RULES, SD_SWITCHES
 from .loading import load_kernel
 from .patching import InjectionReport, Rule, apply_rules, forward_from, layer_forward, named, set_forward
 
@@ -324,6 +326,7 @@ RULES: tuple[Rule, ...] = (
          claims=("norm",), skip=_adaln_skip),
     Rule("adaln_continuous", named("AdaLayerNormContinuous"), forward_from(_adaln_continuous_forward),
          claims=("norm",), skip=_adaln_skip),
+    *SD_RULES,
     Rule("gelu", named("GELU"), forward_from(_gelu_forward), skip=_gelu_skip),
     Rule("rms_norm", named("RMSNorm"), layer_forward("RMSNorm")),
     Rule("layer_norm", named("LayerNorm", "FP32LayerNorm"), layer_forward("LayerNorm"),
@@ -341,8 +344,19 @@ def _models(pipe_or_model) -> list[tuple[str, torch.nn.Module]]:
     return [(name, m) for name, m in components.items() if isinstance(m, torch.nn.Module)]
 
 
-def inject(pipe_or_model, tk: ModuleType | None = None) -> InjectionReport:
+# rule kind -> the inject keywords it needs (all on by default); rules not listed have none yet.
+RULE_SWITCHES: dict[str, tuple[str, ...]] = dict(SD_SWITCHES)
+SWITCHES = tuple(sorted({s for names in RULE_SWITCHES.values() for s in names}))
+
+
+def inject(pipe_or_model, tk: ModuleType | None = None, **switches: bool) -> InjectionReport:
     """Patches every supported module of a pipeline's components (or of one model) in place.
 
+    ``switches`` turn op kinds off, e.g. ``inject(pipe, geglu=False)``: ``group_norm`` (the ResNet
+    blocks, the GroupNorm + SiLU of the UNet's and VAE's outputs, every GroupNorm) and ``geglu``.
     Returns what was replaced, by kind, and the matching modules left alone with the reason."""
-    return apply_rules(_models(pipe_or_model), RULES, tk or load_kernel())
+    unknown = sorted(set(switches) - set(SWITCHES))
+    if unknown:
+        raise TypeError(f"inject: unknown switch(es) {unknown}; the switches are {list(SWITCHES)}")
+    rules = tuple(r for r in RULES if all(switches.get(s, True) for s in RULE_SWITCHES.get(r.kind, ())))
+    return apply_rules(_models(pipe_or_model), rules, tk or load_kernel())
