@@ -317,3 +317,24 @@ def test_pipeline_with_model_cpu_offload_on_gpu(tk, xl):
     pipe.enable_model_cpu_offload()
     images = generate(pipe, xl, "cuda", torch.float16)
     assert (images.float().cpu() - expected.float().cpu()).abs().max().item() < 5e-2
+
+
+def test_benchmark_configs_are_the_real_models(tk):
+    """bench_sd builds SDXL's and SD 1.5's UNet and the VAE from configs written out in the script: on
+    the meta device they have the published parameter counts, and inject takes every block of them
+    (SDXL: 17 ResNet blocks, 11 Transformer2DModel input norms, 70 GEGLU feed-forwards)."""
+    from benchmarks.bench_sd import SD15_UNET, SD_VAE, SDXL_UNET
+
+    with torch.device("meta"):
+        sdxl = diffusers.UNet2DConditionModel.from_config(SDXL_UNET)
+        sd15 = diffusers.UNet2DConditionModel.from_config(SD15_UNET)
+        vae = diffusers.AutoencoderKL.from_config(SD_VAE)
+    assert sum(p.numel() for p in sdxl.parameters()) == 2_567_463_684
+    assert sum(p.numel() for p in sd15.parameters()) == 859_520_964
+    assert sum(p.numel() for p in vae.parameters()) == 83_653_863
+    for model in (sdxl, sd15, vae):
+        expected = expected_replaced(model)
+        report = inject(model, tk)
+        assert report.replaced == expected and not report.left, report
+    assert expected_replaced(sdxl) == {"resnet_block": 17, "group_norm": 11, "norm_out_silu": 1, "geglu": 70,
+                                       "layer_norm": 210}
