@@ -16,7 +16,8 @@
 // Plans (group_norm_plan):
 //   channels-first, whole groups: one block per group, h kept in registers between the passes (one read).
 //   channels-first, split groups: too few or too large groups for one block each. Kernel 1 writes the
-//     moments of each chunk of a group; kernel 2 combines its group's chunk moments (one warp) and
+//     moments of each chunk of a group; the normalizing kernel combines its group's chunk moments (one
+//     warp; up to 32 chunks, else a finalize kernel combines them once per group in between) and
 //     normalizes its chunk, visiting chunks in reverse order so that the chunks read last by kernel 1
 //     are re-read from L2 first.
 //   channels-last: kernel 1, one block per row tile of a sample (tiles sized so that the grid is one
@@ -53,6 +54,7 @@ struct GroupNormPlan {
   int vec = 1;           // elements per vector access
   int threads = 0;       // per block
   int parts = 1;         // channels-first: chunks per group (1: whole groups); channels-last: row tiles per sample
+  bool finalize = false; // a kernel combines each group's parts into (mean, rstd) before the normalization
   int64_t part_elems = 0;  // channels-first: elements per chunk (the last may be shorter)
   int col_threads = 0;   // channels-last: threads across a row's C / vec vectors
   int row_lanes = 0;     // channels-last: rows a block works on at once
@@ -77,7 +79,7 @@ struct GroupNormParams {
   bool silu = false;
   GroupNormPlan plan;
   // Workspace of group_norm_workspace_floats(plan, N, G) floats, or none when that is 0:
-  // [N, G, parts, 3] moments (count, mean, M2), then (channels-last) [N, G, 2] (mean, rstd).
+  // [N, G, parts, 3] moments (count, mean, M2), then (plan.finalize) [N, G, 2] (mean, rstd).
   float* workspace = nullptr;
   FastDivmod spatial_div;  // S (channels-first: the channel of a group offset), set by group_norm_plan
   FastDivmod group_div;    // D = C / G (channels-last: the group of a channel)
@@ -94,6 +96,9 @@ constexpr int kMaxThreads = 1024;
 constexpr int kSplitThreads = 256;  // split chunks: 256 * 4 vectors = 16 KB per block
 // Whole groups only when there are enough of them to fill the GPU: at least this many per SM.
 constexpr int kWholeGroupsPerSm = 2;
+// Split channels-first groups of more chunks than a warp's lanes are combined once per group by a
+// finalize kernel, not by every normalizing block (a serial merge chain per lane in each block's prologue).
+constexpr int kInlineCombineParts = 32;
 // Vectors a thread loads before using any, in the streaming passes (loads in flight per thread).
 constexpr int kUnroll = 4;
 // Channels-last blocks: about kRowThreads threads, at most kMaxRowLanes rows at once (the per-channel
@@ -138,6 +143,12 @@ TK_DEVICE Moments warp_combine(const float* entries, int parts) {
     m = (lane & offset) ? merge(other, m) : merge(m, other);
   }
   return m;
+}
+
+// The finalize kernel's [N, G, 2] (mean, rstd), after the moments in the workspace.
+template <typename T>
+TK_DEVICE float* finalized_stats(const GroupNormParams<T>& p) {
+  return p.workspace + p.batch * p.groups * p.plan.parts * kMomentFloats;
 }
 
 // rstd as ATen computes it from Welford's (n, M2): the biased variance M2 / n, then rsqrt(var + eps).
@@ -314,17 +325,23 @@ TK_DEVICE void cf_body(const GroupNormParams<T>& p) {
       }
     };
     load_batch(t);
-    __shared__ float group_stats[kGroupStatFloats];
-    if (t < kWarpSize) {
-      const Moments m = warp_combine(p.workspace + ng * parts * kMomentFloats, parts);
-      if (t == 0) {
-        group_stats[0] = m.mean;
-        group_stats[1] = rstd_of(m, p.eps);
+    if (p.plan.finalize) {
+      const float* s = finalized_stats(p) + ng * kGroupStatFloats;
+      mean = s[0];
+      rstd = s[1];
+    } else {
+      __shared__ float group_stats[kGroupStatFloats];
+      if (t < kWarpSize) {
+        const Moments m = warp_combine(p.workspace + ng * parts * kMomentFloats, parts);
+        if (t == 0) {
+          group_stats[0] = m.mean;
+          group_stats[1] = rstd_of(m, p.eps);
+        }
       }
+      __syncthreads();
+      mean = group_stats[0];
+      rstd = group_stats[1];
     }
-    __syncthreads();
-    mean = group_stats[0];
-    rstd = group_stats[1];
     for (int base = t; base < num_vecs; base += threads * kUnroll) {
       if (base != t) load_batch(base);
 #pragma unroll
@@ -475,14 +492,15 @@ TK_DEVICE void cl_stats_body(const GroupNormParams<T>& p) {
   }
 }
 
-// Kernel 2: (mean, rstd) of every (n, g) from its tiles' moments, one warp each.
+// Kernel 2 (both layouts, plan.finalize): (mean, rstd) of every (n, g) from its parts' moments, one
+// warp each.
 template <typename T>
-TK_DEVICE void cl_finalize_body(const GroupNormParams<T>& p) {
+TK_DEVICE void finalize_body(const GroupNormParams<T>& p) {
   const int64_t ng = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarpSize) + threadIdx.x / kWarpSize;
   if (ng >= p.batch * p.groups) return;  // whole warps leave together
   const Moments m = warp_combine(p.workspace + ng * p.plan.parts * kMomentFloats, p.plan.parts);
   if (threadIdx.x % kWarpSize == 0) {
-    float* s = p.workspace + p.batch * p.groups * p.plan.parts * kMomentFloats + ng * kGroupStatFloats;
+    float* s = finalized_stats(p) + ng * kGroupStatFloats;
     s[0] = m.mean;
     s[1] = rstd_of(m, p.eps);
   }
@@ -497,8 +515,7 @@ TK_DEVICE void cl_normalize_body(const GroupNormParams<T>& p) {
   const int C = p.channels;
   const T* x = p.x + w.n * p.x_batch_stride + w.col;
   T* out = p.out + w.n * p.out_batch_stride + w.col;
-  const float* group_stats =
-      p.workspace + p.batch * p.groups * p.plan.parts * kMomentFloats + w.n * p.groups * kGroupStatFloats;
+  const float* group_stats = finalized_stats(p) + w.n * p.groups * kGroupStatFloats;
   // kPlain or kAffine (S == 1 is channels-first): per channel (mean, rstd) or (a, b).
   const bool affine = math_of(p) == GroupNormMath::kAffine;
   const bool has_w = p.weight != nullptr, has_b = p.bias != nullptr;
@@ -558,8 +575,8 @@ constexpr auto cl_stats_kernel() {
   return kernel_entry_for<kRegisterCap, GroupNormParams<T>, cl_stats_body<T, kVec>>();
 }
 template <typename T>
-constexpr auto cl_finalize_kernel() {
-  return &kernel_entry<GroupNormParams<T>, cl_finalize_body<T>>;
+constexpr auto finalize_kernel() {
+  return &kernel_entry<GroupNormParams<T>, finalize_body<T>>;
 }
 template <typename T, int kVec>
 constexpr auto cl_normalize_kernel() {
@@ -598,6 +615,7 @@ GroupNormPlan cf_plan(const GroupNormParams<T>& p, int sm_count) {
     plan.threads = kSplitThreads;
     plan.parts = static_cast<int>((group_len + chunk - 1) / chunk);
     plan.part_elems = chunk;
+    plan.finalize = plan.parts > kInlineCombineParts;
   }
   return plan;
 }
@@ -623,6 +641,7 @@ GroupNormPlan cl_plan(const GroupNormParams<T>& p, int sm_count) {
   const int64_t slots = static_cast<int64_t>(sm_count) * std::max(1, std::min(stats_blocks, normalize_blocks));
   const int64_t max_parts = std::max<int64_t>(1, (p.spatial + plan.row_lanes - 1) / plan.row_lanes);
   plan.parts = static_cast<int>(std::max<int64_t>(1, std::min(max_parts, slots / std::max<int64_t>(1, p.batch))));
+  plan.finalize = true;
   return plan;
 }
 
@@ -652,9 +671,8 @@ GroupNormPlan group_norm_plan(GroupNormParams<T>& p, GroupNormLayout layout, int
 // Floats of workspace the plan needs (0: none).
 inline int64_t group_norm_workspace_floats(const GroupNormPlan& plan, int64_t batch, int groups) {
   using namespace group_norm_detail;
-  if (plan.layout == GroupNormLayout::kChannelsFirst)
-    return plan.parts > 1 ? batch * groups * plan.parts * kMomentFloats : 0;
-  return batch * groups * (static_cast<int64_t>(plan.parts) * kMomentFloats + kGroupStatFloats);
+  if (plan.layout == GroupNormLayout::kChannelsFirst && plan.parts == 1) return 0;
+  return batch * groups * (static_cast<int64_t>(plan.parts) * kMomentFloats + (plan.finalize ? kGroupStatFloats : 0));
 }
 
 namespace group_norm_detail {
@@ -663,20 +681,21 @@ template <typename T, int kVec>
 cudaError_t launch(const GroupNormParams<T>& p, cudaStream_t stream) {
   const GroupNormPlan& plan = p.plan;
   const int64_t num_groups = p.batch * p.groups;
+  const dim3 finalize_grid(static_cast<unsigned>((num_groups * kWarpSize + kFinalizeThreads - 1) / kFinalizeThreads));
   if (plan.layout == GroupNormLayout::kChannelsFirst) {
     const dim3 grid(static_cast<unsigned>(num_groups * plan.parts));
     if (plan.parts == 1) {
       cf_kernel<T, kVec, CfPass::kWhole>()<<<grid, plan.threads, 0, stream>>>(p);
     } else {
       cf_kernel<T, kVec, CfPass::kStats>()<<<grid, plan.threads, 0, stream>>>(p);
+      if (plan.finalize) finalize_kernel<T>()<<<finalize_grid, kFinalizeThreads, 0, stream>>>(p);
       cf_kernel<T, kVec, CfPass::kNormalize>()<<<grid, plan.threads, 0, stream>>>(p);
     }
     return cudaGetLastError();
   }
   const dim3 grid(static_cast<unsigned>(p.batch * plan.parts));
   cl_stats_kernel<T, kVec>()<<<grid, plan.threads, plan.smem_bytes, stream>>>(p);
-  const dim3 finalize_grid(static_cast<unsigned>((num_groups * kWarpSize + kFinalizeThreads - 1) / kFinalizeThreads));
-  cl_finalize_kernel<T>()<<<finalize_grid, kFinalizeThreads, 0, stream>>>(p);
+  finalize_kernel<T>()<<<finalize_grid, kFinalizeThreads, 0, stream>>>(p);
   cl_normalize_kernel<T, kVec>()<<<grid, plan.threads, 0, stream>>>(p);
   return cudaGetLastError();
 }
