@@ -14,10 +14,11 @@ import torch.nn.functional as F
 
 from helpers import (
     DTYPES,
+    MISMATCH_BUDGET,
     assert_all_written,
-    assert_matches_eager,
     assert_rejects,
     assert_within,
+    mismatch_vs_eager,
     poisoned,
     random_input,
     with_poisoned_outputs,
@@ -46,6 +47,14 @@ def make_x(shape, dtype, layout, device="cuda", scale=2.0, offset=0.5):
         return random_input(shape, dtype, device, scale, offset)
     n, c, *spatial = shape
     return random_input((n, *spatial, c), dtype, device, scale, offset).movedim(-1, 1)
+
+
+def assert_matches_eager(ours, eager, magnitude, ulps=4):
+    """Each element within `ulps` of eager's, and equal but for MISMATCH_BUDGET's share (or two
+    elements: small tensors would otherwise fail on a single rounding-boundary case)."""
+    share = mismatch_vs_eager(ours, eager, magnitude, ulps)
+    allowed = max(MISMATCH_BUDGET.get(ours.dtype, 1.0), 2 / max(1, ours.numel()))
+    assert share <= allowed, f"{share:.2%} of the elements differ from eager"
 
 
 def same_layout(a, b):
@@ -361,6 +370,12 @@ def test_layer_matches_module(tk, layout):
     strided = x[:, :, :, ::2]  # neither layout: made contiguous first, as F.group_norm does
     assert_matches_eager(tk.layers.GroupNorm.forward(module, strided), module(strided),
                          module(strided).double().abs() + 3, ulps=4)
-    # a weight of another dtype takes the module's own F.group_norm
+    # a weight of another dtype takes the module's own F.group_norm (whatever it does with it)
     module32 = torch.nn.GroupNorm(32, 320).cuda()
-    assert torch.equal(tk.layers.GroupNorm.forward(module32, x.float()), module32(x.float()))
+    try:
+        expected = module32(x)
+    except RuntimeError:
+        with pytest.raises(RuntimeError):
+            tk.layers.GroupNorm.forward(module32, x)
+    else:
+        assert torch.equal(tk.layers.GroupNorm.forward(module32, x), expected)
