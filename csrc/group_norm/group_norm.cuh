@@ -106,8 +106,12 @@ constexpr int kUnroll = 4;
 constexpr int kRowThreads = 512;
 constexpr int kMaxRowLanes = 32;
 // Channels-last rows: at most this many vectors across a row (one thread each), so that kernel 1's
-// shared memory (2 * row lanes * C floats, row lanes * C <= kRowThreads * vec) stays within 32 KB.
+// shared memory ((2 * row lanes + 1) * C floats, row lanes * C <= kRowThreads * vec) stays within the
+// 48 KB a block gets without opting in.
 constexpr int kMaxColThreads = kRowThreads;
+// Channels-last kernel 1 combines a group's channels in one thread up to this many channels per
+// group (SD's 10-40), else in a warp (shuffle reductions cost more than a few serial adds).
+constexpr int kSerialGroupChannels = 64;
 
 enum class CfPass { kWhole, kStats, kNormalize };
 
@@ -391,7 +395,7 @@ TK_DEVICE ClTile cl_tile(const GroupNormParams<T>& p, int vec) {
 template <typename T, int kVec>
 TK_DEVICE void cl_stats_body(const GroupNormParams<T>& p) {
   using vec = vec_t<T, kVec>;
-  extern __shared__ float smem[];  // [2][row_lanes][C]: the shifted sums
+  extern __shared__ float smem[];  // [2][row_lanes][C]: the shifted sums, then [C]: the shifts
   const ClTile w = cl_tile(p, kVec);
   const int C = p.channels;
   const T* x = p.x + w.n * p.x_batch_stride + w.col;
@@ -410,10 +414,12 @@ TK_DEVICE void cl_stats_body(const GroupNormParams<T>& p) {
   // Rows of this lane: row_begin + lane + j * lanes for j < lane_rows, through a running pointer.
   const int lane_rows = w.active && rows > w.lane ? static_cast<int>((rows - w.lane + w.lanes - 1) / w.lanes) : 0;
   const int64_t stride = static_cast<int64_t>(w.lanes) * C;
-  float shift[kVec], s1[kVec], s2[kVec];
+  // The shift stays packed in T (converted at each use: 4 registers fewer for 16-bit T).
+  vec shift = filled<T, kVec>(from_float<T>(0.f));
+  float s1[kVec], s2[kVec];
 #pragma unroll
-  for (int i = 0; i < kVec; ++i) shift[i] = s1[i] = s2[i] = 0.f;
-  if (w.active && rows > 0) load_h(w.row_begin).cast_to(shift);
+  for (int i = 0; i < kVec; ++i) s1[i] = s2[i] = 0.f;
+  if (w.active && rows > 0) shift = load_h(w.row_begin);
   const T* row_ptr = x + (w.row_begin + w.lane) * C;
   for (int j = 0; j < lane_rows; j += kUnroll, row_ptr += kUnroll * stride) {
     vec h[kUnroll];
@@ -425,7 +431,7 @@ TK_DEVICE void cl_stats_body(const GroupNormParams<T>& p) {
       if (j + u < lane_rows) {
 #pragma unroll
         for (int i = 0; i < kVec; ++i) {
-          const float dev = to_float(h[u][i]) - shift[i];
+          const float dev = to_float(h[u][i]) - to_float(shift[i]);
           s1[i] += dev;
           s2[i] += dev * dev;
         }
@@ -434,42 +440,54 @@ TK_DEVICE void cl_stats_body(const GroupNormParams<T>& p) {
   }
   float* sum1 = smem;
   float* sum2 = smem + w.lanes * C;
+  float* shifts = smem + 2 * w.lanes * C;
   if (w.active) {
 #pragma unroll
     for (int i = 0; i < kVec; ++i) {
       sum1[w.lane * C + w.col + i] = s1[i];
       sum2[w.lane * C + w.col + i] = s2[i];
+      if (w.lane == 0) shifts[w.col + i] = to_float(shift[i]);
     }
   }
   __syncthreads();
-  // Per channel: the row lanes' sums in lane order, then the channel's mean and M2 (into lane 0's
-  // slots). The shift is read again (one element per channel) rather than kept in shared memory.
+  // Per channel: the row lanes' sums in lane order, then the channel's mean and M2 (into lane 0's slots).
   const float n_rows = static_cast<float>(rows);
-  const T* first_row = p.x + w.n * p.x_batch_stride + w.row_begin * C;
   for (int c = threadIdx.x; c < C; c += blockDim.x) {
     float a = 0.f, b = 0.f;
     for (int l = 0; l < w.lanes; ++l) {
       a += sum1[l * C + c];
       b += sum2[l * C + c];
     }
-    float k = 0.f;
-    if (rows > 0) {
-      vec_t<T, 1> h;
-      h[0] = first_row[c];
-      if (p.bias_nc != nullptr) {
-        vec_t<T, 1> add;
-        add[0] = p.bias_nc[w.n * p.bias_nc_batch_stride + c];
-        h = add_rn(h, add);
-      }
-      k = to_float(h[0]);
-    }
     const float mean_dev = rows > 0 ? __fdiv_rn(a, n_rows) : 0.f;
-    sum1[c] = k + mean_dev;
+    sum1[c] = shifts[c] + mean_dev;
     sum2[c] = fmaxf(b - a * mean_dev, 0.f);
   }
   __syncthreads();
-  // Per group, one warp: the mean of the channel means, then M2 by the law of total variance.
+  // Per group: the mean of the channel means, then M2 by the law of total variance; one thread per
+  // group for SD's few channels per group, a warp for many.
   const int d = C / p.groups;
+  auto write_moments = [&](int g, float mean, float within, float between) {
+    float* e = p.workspace + ((w.n * p.groups + g) * p.plan.parts + w.tile) * kMomentFloats;
+    e[0] = n_rows * static_cast<float>(d);
+    e[1] = mean;
+    e[2] = within + n_rows * between;
+  };
+  if (d <= kSerialGroupChannels) {
+    for (int g = threadIdx.x; g < p.groups; g += blockDim.x) {
+      const float* means = sum1 + g * d;
+      float mean_sum = 0.f;
+      for (int j = 0; j < d; ++j) mean_sum += means[j];
+      const float mean = __fdiv_rn(mean_sum, static_cast<float>(d));
+      float between = 0.f, within = 0.f;
+      for (int j = 0; j < d; ++j) {
+        const float dev = means[j] - mean;
+        between += dev * dev;
+        within += sum2[g * d + j];
+      }
+      write_moments(g, mean, within, between);
+    }
+    return;
+  }
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   for (int g = warp; g < p.groups; g += blockDim.x / kWarpSize) {
     float mean_sum = 0.f;
@@ -483,12 +501,7 @@ TK_DEVICE void cl_stats_body(const GroupNormParams<T>& p) {
     }
     between = group_reduce_sum(between);
     within = group_reduce_sum(within);
-    if (lane == 0) {
-      float* e = p.workspace + ((w.n * p.groups + g) * p.plan.parts + w.tile) * kMomentFloats;
-      e[0] = n_rows * static_cast<float>(d);
-      e[1] = mean;
-      e[2] = within + n_rows * between;
-    }
+    if (lane == 0) write_moments(g, mean, within, between);
   }
 }
 
@@ -519,6 +532,20 @@ TK_DEVICE void cl_normalize_body(const GroupNormParams<T>& p) {
   // kPlain or kAffine (S == 1 is channels-first): per channel (mean, rstd) or (a, b).
   const bool affine = math_of(p) == GroupNormMath::kAffine;
   const bool has_w = p.weight != nullptr, has_b = p.bias != nullptr;
+  const int64_t rows = w.row_end - w.row_begin;
+  const int lane_rows = rows > w.lane ? static_cast<int>((rows - w.lane + w.lanes - 1) / w.lanes) : 0;
+  const int64_t stride = static_cast<int64_t>(w.lanes) * C;
+  // This lane's rows from the last: row_end - 1 - lane - j * lanes.
+  const int64_t first = w.row_end - 1 - w.lane;
+  const T* in_ptr = x + first * C;
+  T* out_ptr = out + first * C;
+  vec h[kUnroll];
+  auto load_rows = [&](int j) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      if (j + u < lane_rows) h[u].load(in_ptr - u * stride);
+  };
+  load_rows(0);  // issued before the coefficients' loads are waited for
   vec bias_nc;
   ChannelCoeffs coeffs[kVec];
 #pragma unroll
@@ -530,25 +557,12 @@ TK_DEVICE void cl_normalize_body(const GroupNormParams<T>& p) {
                        : ChannelCoeffs{s[0], s[1]};
     if (p.bias_nc != nullptr) bias_nc[i] = p.bias_nc[w.n * p.bias_nc_batch_stride + c];
   }
-  const int64_t rows = w.row_end - w.row_begin;
-  const int lane_rows = rows > w.lane ? static_cast<int>((rows - w.lane + w.lanes - 1) / w.lanes) : 0;
-  const int64_t stride = static_cast<int64_t>(w.lanes) * C;
-  // This lane's rows from the last: row_end - 1 - lane - j * lanes.
-  const int64_t first = w.row_end - 1 - w.lane;
-  const T* in_ptr = x + first * C;
-  T* out_ptr = out + first * C;
   for (int j = 0; j < lane_rows; j += kUnroll, in_ptr -= kUnroll * stride, out_ptr -= kUnroll * stride) {
-    vec h[kUnroll];
+    if (j > 0) load_rows(j);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       if (j + u < lane_rows) {
-        h[u].load(in_ptr - u * stride);
         if (p.bias_nc != nullptr) h[u] = add_rn(h[u], bias_nc);
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      if (j + u < lane_rows) {
         float y[kVec];
 #pragma unroll
         for (int i = 0; i < kVec; ++i) {
@@ -562,9 +576,13 @@ TK_DEVICE void cl_normalize_body(const GroupNormParams<T>& p) {
 }
 
 // Register cap of the streaming kernels: 64 lets 4 blocks of 256 threads (channels-first) or 2 of
-// 512 (channels-last) share an SM; ptxas's own choice for bf16 (66-91) fits 3 or 1. No spills at 64
-// (sm_90, ptxas -v). Not yet measured on the GPU.
+// 512 (channels-last normalize) share an SM; ptxas's own choice for bf16 (66-80) fits 3 or 1 (sm_90,
+// ptxas -v: no spills at 64 but 6 bytes in the bf16 whole-group kernel). Not yet measured on the GPU.
 constexpr int kRegisterCap = 64;
+// Channels-last kernel 1 keeps two fp32 sums per channel of its vector and 4 row vectors in flight:
+// ptxas wants 94 (bf16, sm_90) and spills 138 bytes at 64. It gets what a block of kRowThreads may
+// use (1 block of 512 threads per SM, 32 KB of loads in flight: enough to cover HBM latency).
+constexpr int kStatsRegisterCap = 65536 / kRowThreads;
 
 template <typename T, int kVec, CfPass kPass>
 constexpr auto cf_kernel() {
@@ -572,7 +590,7 @@ constexpr auto cf_kernel() {
 }
 template <typename T, int kVec>
 constexpr auto cl_stats_kernel() {
-  return kernel_entry_for<kRegisterCap, GroupNormParams<T>, cl_stats_body<T, kVec>>();
+  return kernel_entry_for<kStatsRegisterCap, GroupNormParams<T>, cl_stats_body<T, kVec>>();
 }
 template <typename T>
 constexpr auto finalize_kernel() {
@@ -628,7 +646,7 @@ GroupNormPlan cl_plan(const GroupNormParams<T>& p, int sm_count) {
   plan.col_threads = p.channels / kVec;
   plan.row_lanes = std::max(1, std::min(kMaxRowLanes, kRowThreads / plan.col_threads));
   plan.threads = round_up_to_warps(static_cast<int64_t>(plan.col_threads) * plan.row_lanes);
-  plan.smem_bytes = static_cast<int>(2 * static_cast<int64_t>(plan.row_lanes) * p.channels * sizeof(float));
+  plan.smem_bytes = static_cast<int>((2 * static_cast<int64_t>(plan.row_lanes) + 1) * p.channels * sizeof(float));
   // One full wave: as many tiles as blocks of both kernels fit on the GPU at once.
   int stats_blocks = 0, normalize_blocks = 0;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&stats_blocks, cl_stats_kernel<T, kVec>(), plan.threads,
