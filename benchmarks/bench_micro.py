@@ -386,28 +386,33 @@ def group_norm_case(tk, shape, groups: int, dtype: torch.dtype, layout: str, act
                 2 * nbytes(x) + nbytes(w, b, temb), with_baselines(ours, eager, args), note=f"{note}; {APEX_NOTE}")
 
 
-def group_norm_cases(tk, quick: bool) -> Iterator[Case]:
+def group_norm_cases(tk, quick: bool, vae: bool = False) -> Iterator[Case]:
+    """The UNet's shapes (vae=False) or the VAE decoder's, in both memory formats, + SiLU (the
+    UNet's also with the time add of norm2)."""
     for shape, groups, note in GROUP_NORM_SHAPES:
-        if quick and shape not in GROUP_NORM_QUICK:
+        if (shape[0] == 1) != vae or (quick and shape not in GROUP_NORM_QUICK):
             continue
         for layout in ("channels_first", "channels_last"):
             yield group_norm_case(tk, shape, groups, torch.bfloat16, layout, "silu", False, note)
-            if shape[0] == 2:  # the UNet's resnets: norm2 takes the time embedding
+            if not vae:  # the UNet's resnets: norm2 takes the time embedding
                 yield group_norm_case(tk, shape, groups, torch.bfloat16, layout, "silu", True, note)
-    # without the activation (Transformer2DModel's input norm), and the VAE in fp32 (SDXL's VAE
-    # runs upcast: force_upcast) and fp16 (SD 1.5's)
-    yield group_norm_case(tk, (2, 640, 64, 64), 32, torch.bfloat16, "channels_first", None, False,
-                          "Transformer2DModel input norm (no activation)")
-    if not quick:
+    if not vae:  # without the activation: Transformer2DModel's input norm
+        yield group_norm_case(tk, (2, 640, 64, 64), 32, torch.bfloat16, "channels_first", None, False,
+                              "Transformer2DModel input norm (no activation)")
+    elif not quick:  # SDXL's VAE decodes upcast to fp32 (force_upcast), SD 1.5's in fp16
         for dtype in (torch.float32, torch.float16):
             for layout in ("channels_first", "channels_last"):
                 yield group_norm_case(tk, (1, 128, 1024, 1024), 32, dtype, layout, "silu", False,
                                       "VAE decoder last up block, " + DTYPE_NAMES[dtype])
 
 
+def group_norm_vae_cases(tk, quick: bool) -> Iterator[Case]:
+    return group_norm_cases(tk, quick, vae=True)
+
+
 OPS = {"rms_norm": rms_norm_cases, "activation": activation_cases, "fused_add_rms_norm": fused_add_rms_norm_cases,
        "layer_norm": layer_norm_cases, "modulate": modulate_cases, "rope": rope_cases,
-       "group_norm": group_norm_cases}
+       "group_norm": group_norm_cases, "group_norm_vae": group_norm_vae_cases}
 
 
 
