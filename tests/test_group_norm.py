@@ -8,6 +8,8 @@ Chan's update, or shifted sums per channel for channels-last, against ATen's Wel
 of a rounding boundary (one ulp, in a small share of elements: MISMATCH_BUDGET), and an fp32 output
 differs in the last bits (checked against float64 and against eager within a few ulps)."""
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -126,6 +128,27 @@ def test_partial_affine_and_one_d_formulas(tk, kind, shape):
     ref64 = group_norm_float64(x, 16, weight, bias, 1e-5)
     check_against_float64(out, x, 16, weight, bias, 1e-5, None)
     assert_matches_eager(out, F.group_norm(x, 16, weight, bias, 1e-5), magnitude(ref64, weight, bias, x), ulps=4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("shape", [(2, 64, 12, 12), (3, 64)])
+def test_bit_exact_where_the_statistics_agree(tk, dtype, layout, shape):
+    """Groups of one repeated value have the same statistics in any summation order (mean exact,
+    M2 = 0): there the output is F.group_norm's (+ F.silu's) bit for bit, which checks the eps cast
+    (rstd = rsqrt(eps in x's dtype)) and ATen's per-element formulas (a/b, 1-d, plain) exactly."""
+    n, c = shape[:2]
+    g = torch.Generator().manual_seed(11)
+    # one value per (sample, group), of 8 significant bits: its sums are exact in fp32 too
+    values = (torch.randn(n, 16, 1, generator=g) * 3).to(torch.bfloat16).float()
+    x = values.expand(n, 16, c // 16 * math.prod(shape[2:])).reshape(shape).to("cuda", dtype)
+    x = make_x(shape, dtype, layout).copy_(x)
+    for kind in ("affine", "weight", "bias", "none"):
+        weight, bias = affine_params(c, dtype, kind)
+        for activation in (None, "silu"):
+            out = tk.group_norm(x, 16, weight, bias, 1e-6, activation)
+            assert torch.equal(out, eager_group_norm(x, 16, weight, bias, 1e-6, activation)), (kind, activation)
 
 
 SD_SHAPES = [  # SDXL at 1024x1024 (batch 2 for guidance) and its VAE decoder
