@@ -5,7 +5,13 @@ built from its real config (diffusers' LTXVideoTransformer3DModel defaults = LTX
 random weights: speed does not depend on their values.
 
     python benchmarks/bench_ltx.py --use-optimized-kernels --compile --num-frames 49 --height 512 --width 768
-    python benchmarks/bench_ltx.py --matrix      # eager, ours, compile, ours + compile in one run
+    python benchmarks/bench_ltx.py --matrix      # every mode below in one run
+    python benchmarks/bench_ltx.py --modes compile-ro,ours+compile-ro --num-frames 49 --quick --profile
+
+Modes: eager, ours (our kernels injected), compile (torch.compile of the repeated blocks, default
+mode), compile-ro (the whole transformer under mode="reduce-overhead": CUDA graphs), and
+ours+compile, ours+compile-ro. --profile adds kernels per step and the GPU's idle time per step
+from one profiled step. A mode that fails is reported with its error; the others still run.
 
 Writes ltx-<gpu>-<date>.json and .md into --out.
 """
@@ -104,21 +110,36 @@ def inputs(args) -> dict:
     )
 
 
-def run_config(args, optimized: bool, compile_: bool) -> dict:
+# mode -> (our kernels injected, torch.compile mode or None)
+MODES = {"eager": (False, None), "ours": (True, None), "compile": (False, "default"),
+         "compile-ro": (False, "reduce-overhead"), "ours+compile": (True, "default"),
+         "ours+compile-ro": (True, "reduce-overhead")}
+MATRIX = list(MODES)
+
+
+def run_config(args, optimized: bool, compile_: str | None) -> dict:
     model = build_transformer(args.model_size)
     report = None
     if optimized:
         from transformer_kernels_integrations.diffusers_models import inject
 
-        report = str(inject(model, load_kernel()))
-    if compile_:
+        report = str(inject(model, load_kernel(), merge_projections=args.merge_projections,
+                            linear_gelu=args.linear_gelu))
+    if compile_ == "default":
         if hasattr(model, "compile_repeated_blocks"):
             model.compile_repeated_blocks(fullgraph=True)
         else:
             model = torch.compile(model, fullgraph=True)
+    elif compile_ == "reduce-overhead":  # one CUDA graph per step: the whole transformer
+        model = torch.compile(model, mode="reduce-overhead", fullgraph=True)
     x = inputs(args)
     latents = x.pop("hidden_states")
     timesteps = torch.linspace(1000, 1, args.steps, device="cuda")
+
+    def call(t):
+        if compile_ == "reduce-overhead":
+            torch.compiler.cudagraph_mark_step_begin()  # the previous step's outputs are consumed
+        return model(hidden_states=latents, timestep=t.expand(latents.shape[0]), **x)[0]
 
     def denoise(steps: int) -> list[float]:
         nonlocal latents
@@ -127,8 +148,8 @@ def run_config(args, optimized: bool, compile_: bool) -> dict:
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             with torch.no_grad():
-                noise = model(hidden_states=latents, timestep=t.expand(latents.shape[0]), **x)[0]
-            latents = latents - noise / args.steps  # an Euler step; the values do not matter
+                noise = call(t)
+                latents = latents - noise / args.steps  # an Euler step; the values do not matter
             torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
         return times
@@ -143,6 +164,11 @@ def run_config(args, optimized: bool, compile_: bool) -> dict:
         "step_ms_median": 1e3 * sorted(times)[len(times) // 2],
         "peak_memory_gb": torch.cuda.max_memory_allocated() / 1e9, "injection": report,
     }
+    if args.profile:
+        from benchmarks.profile_e2e import step_profile
+
+        with torch.no_grad():
+            result["profile"] = step_profile(lambda: call(timesteps[0]))
     return result
 
 
@@ -159,7 +185,15 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--warmup-iterations", type=int, default=2)
     p.add_argument("--model-size", choices=["2b", "13b"], default="2b")
-    p.add_argument("--matrix", action="store_true", help="run eager, ours, compile and ours + compile")
+    p.add_argument("--matrix", action="store_true", help=f"run every mode: {', '.join(MATRIX)}")
+    p.add_argument("--modes", type=lambda v: v.split(","), default=None,
+                   help=f"comma list of modes to run, of {', '.join(MODES)} (overrides --matrix/--compile)")
+    p.add_argument("--quick", action="store_true", help="8 steps, one warm-up: for short device sessions")
+    p.add_argument("--profile", action="store_true", help="kernels and GPU idle time per step from a profile")
+    p.add_argument("--no-merge-projections", dest="merge_projections", action="store_false",
+                   help="inject without merged q/k/v projections")
+    p.add_argument("--no-linear-gelu", dest="linear_gelu", action="store_false",
+                   help="inject without the GEMM + GELU epilogue in the FFNs")
     p.add_argument("--pipeline", action="store_true",
                    help="time whole generations (all steps + VAE decode) through LTXPipeline, eager and ours")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
@@ -167,29 +201,53 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("the LTX-Video benchmark needs an NVIDIA GPU (torch.cuda.is_available() is False)")
     use_local_build()
-
-    configs = [(False, False), (True, False), (False, True), (True, True)] if args.matrix else [
-        (args.optimized, args.compile)]
+    if args.quick:
+        args.steps, args.warmup_iterations = 8, 1
+    if args.modes:
+        unknown = [m for m in args.modes if m not in MODES]
+        if unknown:
+            raise SystemExit(f"unknown modes {unknown}; choose from {list(MODES)}")
+        configs = [MODES[m] for m in args.modes]
+    elif args.matrix:
+        configs = [MODES[m] for m in MATRIX]
+    else:
+        configs = [(args.optimized, "default" if args.compile else None)]
     if args.pipeline:
-        configs = [(False, False), (True, False)]
+        configs = [(False, None), (True, None)]
     results = []
     for opt, comp in configs:
-        results.append(run_pipeline(args, opt) if args.pipeline else run_config(args, opt, comp))
+        try:
+            results.append(run_pipeline(args, opt) if args.pipeline else run_config(args, opt, comp))
+        except Exception as e:  # reported; the other modes still run
+            results.append({"optimized_kernels": opt, "compile": comp, "error": f"{type(e).__name__}: {e}"[:500]})
         torch._dynamo.reset()
         torch.cuda.empty_cache()  # the model of that configuration is gone with its frame
     env = environment()
-    base = next((r["step_ms_mean"] for r in results if not r["optimized_kernels"] and not r["compile"]), None)
+    base = next((r["step_ms_mean"] for r in results if not r["optimized_kernels"] and not r["compile"]
+                 and "error" not in r), None)
+    # each compile mode against the same mode without our kernels
+    alone = {r["compile"]: r["step_ms_mean"] for r in results if not r["optimized_kernels"] and "error" not in r}
     shape = f"{args.model_size}, {args.num_frames} frames {args.height}x{args.width}, batch {2 * args.batch_size}"
     lines = [f"# LTX-Video transformer denoising: {env['gpu']}", "",
              f"torch {env['torch']}, CUDA {env['cuda']}, {env['date']}. {shape}, {args.steps} steps, random "
              "weights. " + ("Whole generations through LTXPipeline (all steps with CFG, then the VAE decode; "
                             "prompt embeddings given), total time divided by the steps." if args.pipeline else
                             "Wall time per step (synchronized), after warm-up."), "",
-             "| kernels | compile | ms / step | vs eager | peak GB |", "|---|---|---|---|---|"]
+             "| kernels | compile | ms / step | vs eager | vs same compile mode without ours | peak GB "
+             "| kernels / step | GPU idle ms / step |", "|---|---|---|---|---|---|---|---|"]
     for r in results:
+        who, mode = "ours" if r["optimized_kernels"] else "eager", r["compile"] or "no"
+        if "error" in r:
+            lines.append(f"| {who} | {mode} | failed: {r['error'][:200]} | | | | | |")
+            continue
         speed = f"{base / r['step_ms_mean']:.2f}×" if base else "—"
-        lines.append(f"| {'ours' if r['optimized_kernels'] else 'eager'} | {'yes' if r['compile'] else 'no'} | "
-                     f"{r['step_ms_mean']:.1f} | {speed} | {r['peak_memory_gb']:.1f} |")
+        same = alone.get(r["compile"]) if r["optimized_kernels"] else None
+        vs_same = f"{same / r['step_ms_mean']:.2f}×" if same else "—"
+        prof = r.get("profile")
+        kernels = f"{prof['kernels']:.0f}" if prof else "—"
+        idle = f"{prof['gpu_idle_ms']:.2f}" if prof else "—"
+        lines.append(f"| {who} | {mode} | {r['step_ms_mean']:.1f} | {speed} | {vs_same} | {r['peak_memory_gb']:.1f} "
+                     f"| {kernels} | {idle} |")
     md = "\n".join(lines) + "\n"
     gpu = re.sub(r"[^a-z0-9]+", "-", env["gpu"].lower()).strip("-")
     kind = "ltx-pipeline" if args.pipeline else "ltx"

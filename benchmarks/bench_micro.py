@@ -348,6 +348,39 @@ def ltx_from_coords_cases(tk, q: torch.Tensor, k: torch.Tensor, wq: torch.Tensor
                note="norm_q, norm_k and the rotation, cos/sin from grid and freqs; baselines read the fp32 tables")
 
 
+# (tokens, in_features, out_features, where the shape comes from): the FFN input projections
+LINEAR_GELU_SHAPES = [
+    (5376, 2048, 8192, "LTX-Video 2B FFN proj, 49 frames 512x768 with CFG (2x2688 tokens)"),
+    (16128, 2048, 8192, "LTX-Video 2B FFN proj, 161 frames (2x8064 tokens)"),
+    (4608, 3072, 12288, "Flux FFN proj, 1024x1024 (4096 image + 512 text tokens)"),
+    (8424, 1536, 6144, "SD3-medium FFN proj, 1024x1024 with CFG (2x4212 tokens)"),
+    (64, 2048, 8192, "LTX-Video 2B FFN proj, a few tokens (launch-bound)"),
+]
+LINEAR_GELU_QUICK = {(5376, 2048, 8192), (64, 2048, 8192)}
+
+
+def linear_gelu_cases(tk, quick: bool) -> Iterator[Case]:
+    """gelu_tanh(x @ W^T + b): ours (one cuBLASLt GEMM with the GELU-bias epilogue) against F.linear
+    + F.gelu eager and compiled, torch's own epilogue (torch._addmm_activation, 2-D only) and
+    F.linear + our separate gelu kernel. Compute-bound: compare the times (the ratio column);
+    bytes count x, W, b and the output once, so GB/s says how far from the memory bound each is."""
+    for tokens, k, n, where in LINEAR_GELU_SHAPES:
+        if quick and (tokens, k, n) not in LINEAR_GELU_QUICK:
+            continue
+        for dtype in (torch.bfloat16,) + ((torch.float16,) if (tokens, k, n) == LINEAR_GELU_SHAPES[0][:3] else ()):
+            x = torch.randn(tokens, k, device="cuda", dtype=dtype)
+            w = torch.randn(n, k, device="cuda", dtype=dtype) / k**0.5
+            b = torch.randn(n, device="cuda", dtype=dtype)
+            impls = with_baselines(lambda: tk.linear_gelu(x, w, b),
+                                   lambda x, w, b: F.gelu(F.linear(x, w, b), approximate="tanh"), (x, w, b))
+            impls["torch _addmm_activation"] = lambda: torch._addmm_activation(b, x, w.t(), use_gelu=True)
+            impls["F.linear + ours gelu"] = lambda: tk.gelu(F.linear(x, w, b), "tanh")
+            fused = "epilogue" if tk.linear_gelu_fused(x, w, b) else "separate path (no epilogue algorithm)"
+            tflop = 2 * tokens * k * n / 1e12
+            moved = nbytes(x, w, b) + tokens * n * x.element_size()
+            yield Case("linear_gelu", f"{tokens}x{k}->{n}", DTYPE_NAMES[dtype], moved, impls, latency=tokens <= 64,
+                       note=f"{where}; ours: {fused}; {tflop:.2f} TFLOP")
+
 # ([N, C, H, W], groups, where the shape comes from): SDXL's UNet at 1024x1024 (128x128 latents,
 # batch 2 for guidance) and its VAE decoder (1024x1024 output, one image).
 GROUP_NORM_SHAPES = [
@@ -412,7 +445,7 @@ def group_norm_vae_cases(tk, quick: bool) -> Iterator[Case]:
 
 OPS = {"rms_norm": rms_norm_cases, "activation": activation_cases, "fused_add_rms_norm": fused_add_rms_norm_cases,
        "layer_norm": layer_norm_cases, "modulate": modulate_cases, "rope": rope_cases,
-       "group_norm": group_norm_cases, "group_norm_vae": group_norm_vae_cases}
+       "linear_gelu": linear_gelu_cases, "group_norm": group_norm_cases, "group_norm_vae": group_norm_vae_cases}
 
 
 

@@ -64,7 +64,8 @@ def test_loads_through_get_local_kernel_and_local_kernels(tk, variant_dir):
                "layer_norm", "layer_norm_out", "norm_modulate", "norm_modulate_out", "gated_add_norm_modulate",
                "gated_add_norm_modulate_out", "activation", "activation_out", "act_and_mul", "act_and_mul_out",
                "act_mul", "act_mul_out", "gated_add", "gated_add_out", "rope", "rope_", "rope_cached_", "qk_norm_rope",
-               "hf_qk_norm_rope", "hf_qk_norm_rope_out", "ltx_rope_from_coords", "ltx_qk_norm_rope_from_coords"):
+               "hf_qk_norm_rope", "hf_qk_norm_rope_out", "ltx_rope_from_coords", "ltx_qk_norm_rope_from_coords",
+               "linear_gelu", "linear_gelu_out", "linear_gelu_fused"):
         assert hasattr(getattr(torch.ops, meta["id"]), op)
     assert tk.add_op_namespace_prefix("rms_norm") == f"{meta['id']}::rms_norm"
     assert set(tk.__all__) >= {"rms_norm", "layers", "ops"}
@@ -184,6 +185,24 @@ def test_no_private_copy_of_the_cxx_runtime(variant_dir):
     symbols = subprocess.run([nm, "-D", "--defined-only", str(so)], capture_output=True, text=True, check=True).stdout
     private = [line for line in symbols.splitlines() if re.search(r"\b_ZNSo9_M_insert|\b_ZNSt6locale", line)]
     assert not private, f"{so.name} defines libstdc++ internals: {private[:5]}"
+
+
+def test_cublaslt_resolves_through_torch(variant_dir):
+    """linear_gelu calls cuBLASLt, which the .so does not link (kernel-builder links torch and cudart
+    only): its symbols are left undefined and resolve through libtorch_cuda, which links cuBLASLt."""
+    nm, readelf = shutil.which("nm"), shutil.which("readelf")
+    if nm is None or readelf is None:
+        pytest.skip("no nm/readelf (binutils) on PATH")
+    so = next(variant_dir.glob("*.abi3.so"))
+    undefined = subprocess.run([nm, "-D", "--undefined-only", str(so)], capture_output=True, text=True,
+                               check=True).stdout
+    assert "cublasLtMatmul" in undefined
+    needed = subprocess.run([readelf, "-d", str(so)], capture_output=True, text=True, check=True).stdout
+    assert "libtorch_cuda.so" in needed and "libcublasLt" not in needed
+    torch_cuda = Path(torch.__file__).parent / "lib" / "libtorch_cuda.so"
+    if torch_cuda.exists():
+        deps = subprocess.run([readelf, "-d", str(torch_cuda)], capture_output=True, text=True, check=True).stdout
+        assert "libcublasLt" in deps, "the installed torch does not link cuBLASLt: linear_gelu would not load"
 
 
 def test_manylinux_report(variant_dir, capsys):

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from helpers import EAGER_LAYERS, randomize_norm_weights
 from reference.activations import eager_activation, eager_gated_add
@@ -26,6 +27,7 @@ EAGER_TK = SimpleNamespace(
         ltx_gated_add_norm_modulate(x, y, gate, scale, shift, norm, weight, bias, eps),
     gated_add=lambda x, y, gate: eager_gated_add(x, y, gate),
     gelu=lambda x, approximate="none": eager_activation(x, "gelu" if approximate == "none" else "gelu_tanh"),
+    linear_gelu=lambda x, weight, bias=None: eager_activation(F.linear(x, weight, bias), "gelu_tanh"),
     ltx_rope=lambda q, k, cos, sin: (diffusers_interleaved_rotary(q, cos, sin),
                                      diffusers_interleaved_rotary(k, cos, sin)),
     ltx_qk_norm_rope=diffusers_qk_norm_rope,
@@ -60,7 +62,9 @@ def ltx_inputs(dtype=torch.float32, device="cpu", B=2, F=3, H=4, W=6, T=7):
 def test_report_and_patched_modules(tk):
     model = small_ltx()
     report = inject(model, tk)
-    assert report.replaced == {"ltx_rope_coords": 1, "ltx_block": 2, "ltx_attention": 4, "gelu": 3, "layer_norm": 1}
+    # the FFNs' GELU(tanh) with its projection: one GEMM with the epilogue; the caption projection's nn.GELU
+    assert report.replaced == {"ltx_rope_coords": 1, "ltx_block": 2, "ltx_attention": 4, "linear_gelu": 2, "gelu": 1,
+                               "layer_norm": 1}
     assert all(isinstance(m.processor, LTXAttnProcessor) for m in model.modules() if hasattr(m, "processor"))
     block = model.transformer_blocks[0]
     assert block.forward.__func__.__qualname__.startswith("_ltx_block_forward")
@@ -167,6 +171,42 @@ def flux_inputs(dtype=torch.float32, device="cpu", B=2, S_img=24, S_txt=7):
                 txt_ids=torch.zeros(S_txt, 3, device=device), return_dict=False)
 
 
+@pytest.mark.parametrize("name", ["ltx", "flux"])
+def test_merged_projections_wiring_exact_on_cpu(monkeypatch, name):
+    """Under no_grad the merged q/k/v (and LTX's cross-attention k/v, Flux's added q/k/v) GEMMs run,
+    their outputs strided views into the processors' ops (eager stand-ins on CPU): the output is the
+    unmerged model's exactly, and the parameters take no more memory than before."""
+    from transformer_kernels_integrations import merging
+
+    model, inputs = (small_ltx(), ltx_inputs()) if name == "ltx" else (small_flux(), flux_inputs())
+    with torch.no_grad():
+        expected = model(**inputs)[0]
+    before = sum({p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in model.parameters()}.values())
+    splits = []
+    split = merging.MergedLinear.split
+    monkeypatch.setattr(merging.MergedLinear, "split", lambda self, x: (splits.append(self.names), split(self, x))[1])
+    inject(model, EAGER_TK)
+    after = sum({p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in model.parameters()}.values())
+    assert after == before, "merging grew the parameters' memory"
+    with torch.no_grad():
+        torch.testing.assert_close(model(**inputs)[0], expected, rtol=0, atol=0)
+    if name == "ltx":  # per block: self-attention q/k/v, cross-attention k/v
+        assert splits == [("to_q", "to_k", "to_v"), ("to_k", "to_v")] * 2
+    else:  # the joint block: q/k/v and the added q/k/v; the single block: q/k/v
+        assert sorted(set(splits)) == [("add_q_proj", "add_k_proj", "add_v_proj"), ("to_q", "to_k", "to_v")]
+        assert len(splits) == 3
+    model(**inputs)[0].sum().backward()  # gradients wanted: the separate projections, every weight gets one
+    assert all(p.grad is not None for n, p in model.named_parameters() if "to_q" in n or "to_k" in n)
+
+
+def test_unmerged_and_without_linear_gelu_reports():
+    report = inject(small_ltx(), EAGER_TK, merge_projections=False, linear_gelu=False)
+    assert report.replaced["gelu"] == 3 and "linear_gelu" not in report.replaced
+    model = small_ltx()
+    inject(model, EAGER_TK, merge_projections=False)
+    assert not any(hasattr(m, "_tk_merged") for m in model.modules())
+
+
 def test_flux_report_and_exact_wiring_on_cpu(tk):
     report = inject(small_flux(), tk)
     assert report.replaced.get("flux_attention") == 2 and report.replaced.get("adaln_zero") == 2
@@ -202,7 +242,7 @@ def test_sd3_report_and_exact_wiring_on_cpu(tk):
     report = inject(small_sd3(), tk)
     # AdaLayerNormContinuous: norm_out and the last block's context norm
     assert report.replaced.get("sd35_adaln_zero_x") == 1 and report.replaced.get("adaln_continuous") == 2
-    assert report.replaced.get("adaln_zero") == 2 and report.replaced.get("gelu") == 3
+    assert report.replaced.get("adaln_zero") == 2 and report.replaced.get("linear_gelu") == 3
     assert_wiring_exact(small_sd3(), sd3_inputs())
 
 

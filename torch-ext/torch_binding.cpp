@@ -74,6 +74,13 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   ops.def("ltx_qk_norm_rope_from_coords(Tensor q, Tensor k, Tensor q_weight, Tensor k_weight, float eps, "
           "Tensor grid, Tensor freqs) -> (Tensor, Tensor)");
 
+  // gelu_tanh(x @ weight^T + bias) as one cuBLASLt matmul with the GELU epilogue (the activation on
+  // the fp32 accumulator, one rounding); F.linear + our gelu kernel where cuBLASLt has no such algorithm.
+  ops.def("linear_gelu(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
+  ops.def("linear_gelu_out(Tensor! out, Tensor x, Tensor weight, Tensor? bias) -> ()");
+  // Whether linear_gelu takes the epilogue for these arguments on this GPU (a host query).
+  ops.def("linear_gelu_fused(Tensor x, Tensor weight, Tensor? bias) -> bool");
+
   // GroupNorm of x [N, C, *spatial] (channels-first or channels-last, kept), as F.group_norm computes it
   // on CUDA, with activation "none" | "silu" applied to the rounded result; add_group_norm normalizes
   // x + bias_nc (bias_nc [N or 1, C(, 1, ...)]: ResnetBlock2D's time embedding) and returns only the norm.
@@ -117,6 +124,9 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
     ops.impl("hf_qk_norm_rope_out", key, &tk::hf_qk_norm_rope_out);
     ops.impl("ltx_rope_from_coords", key, &tk::ltx_rope_from_coords);
     ops.impl("ltx_qk_norm_rope_from_coords", key, &tk::ltx_qk_norm_rope_from_coords);
+    ops.impl("linear_gelu", key, &tk::linear_gelu);
+    ops.impl("linear_gelu_out", key, &tk::linear_gelu_out);
+    ops.impl("linear_gelu_fused", key, &tk::linear_gelu_fused);
     ops.impl("group_norm", key, &tk::group_norm);
     ops.impl("group_norm_out", key, &tk::group_norm_out);
     ops.impl("add_group_norm", key, &tk::add_group_norm);

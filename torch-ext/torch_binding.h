@@ -105,6 +105,14 @@ std::tuple<torch::Tensor, torch::Tensor> ltx_qk_norm_rope_from_coords(const torc
                                                                       const torch::Tensor& grid,
                                                                       const torch::Tensor& freqs);
 
+// ---- GEMM with a fused epilogue (csrc/gemm/linear_gelu.cu) ----
+// x [..., K], weight [N, K], bias [N] or None, one float dtype -> gelu_tanh(x @ weight^T + bias) [..., N]
+torch::Tensor linear_gelu(const torch::Tensor& x, const torch::Tensor& weight, const OptTensor& bias);
+void linear_gelu_out(torch::Tensor& out, const torch::Tensor& x, const torch::Tensor& weight, const OptTensor& bias);
+// Whether linear_gelu(x, weight, bias) runs as one cuBLASLt matmul with the GELU epilogue here
+// (else it takes the separate GEMM and activation); a host query, for tests and benchmarks.
+bool linear_gelu_fused(const torch::Tensor& x, const torch::Tensor& weight, const OptTensor& bias);
+
 // ---- GroupNorm (csrc/group_norm/group_norm.cu) ----
 // x: [N, C, *spatial], channels-first (NCHW, NCDHW) or channels-last (NHWC, NDHWC), any batch stride;
 // weight, bias: [C] in x's dtype; activation "none" | "silu". The output keeps x's layout.

@@ -11,6 +11,13 @@ fuse (an LTX block claims its norm1/norm2), so nothing is patched twice.
 
 How modules are patched (and how hooks survive) is in ``patching.py``. ``enable_model_cpu_offload``
 hooks whole components, so injecting before or after it works.
+
+Switches of ``inject``: ``merge_projections`` (default on) makes the LTX self-attention's q/k/v, its
+cross-attention's k/v, and Flux's q/k/v and added q/k/v one GEMM each over one concatenated weight
+that the original parameters become views of (``merging.py``; no memory growth); ``linear_gelu``
+(default on) runs a ``GELU(approximate="tanh")`` module's input projection and activation as one
+cuBLASLt GEMM with the GELU epilogue (the FFNs of LTX-Video, Flux and SD3). The epilogue rounds
+once where eager rounds twice, so with it the output is close to, not bit-equal with, eager's.
 """
 
 from __future__ import annotations
@@ -21,9 +28,14 @@ from typing import Callable, NamedTuple
 
 import torch
 
+from . import merging
 from .diffusers_sd import SD_RULES, SD_SWITCHES
 from .loading import load_kernel
 from .patching import InjectionReport, Rule, apply_rules, forward_from, layer_forward, named, set_forward
+
+QKV = ("to_q", "to_k", "to_v")
+KV = ("to_k", "to_v")
+ADDED_QKV = ("add_q_proj", "add_k_proj", "add_v_proj")
 
 # ---- patched forwards (bound to the module they replace) ----
 
@@ -37,6 +49,33 @@ def _gelu_forward(tk: ModuleType) -> Callable:
         return tk.gelu(hidden_states, approximate=self.approximate)
 
     return forward
+
+
+def _linear_gelu_forward(tk: ModuleType) -> Callable:
+    """diffusers' ``GELU(approximate="tanh")`` with its input projection: one cuBLASLt GEMM whose
+    epilogue adds the bias and applies the GELU (``linear_gelu``)."""
+
+    def forward(self, hidden_states):
+        proj = self.proj
+        if hidden_states.dtype != proj.weight.dtype or torch.is_autocast_enabled(hidden_states.device.type):
+            return tk.gelu(proj(hidden_states), approximate=self.approximate)
+        return tk.linear_gelu(hidden_states, proj.weight, proj.bias)
+
+    return forward
+
+
+def _linear_gelu_skip(m: torch.nn.Module) -> str | None:
+    if getattr(m, "approximate", None) != "tanh":
+        return "exact GELU: cuBLASLt's epilogue is the tanh form"
+    if type(getattr(m, "proj", None)) is not torch.nn.Linear:
+        return "no plain nn.Linear input projection"
+    return None
+
+
+def _merged(attn, key: str, x: torch.Tensor):
+    """The merged projection ``key`` of attn where it can run for x (no gradient wanted), or None."""
+    merged = merging.merged_of(attn, key)
+    return merged if merged is not None and merged.usable(x) else None
 
 
 def _ltx_block_forward(tk: ModuleType) -> Callable:
@@ -146,8 +185,16 @@ class FluxAttnProcessor:
         from diffusers.models.attention_dispatch import dispatch_attention_fn
         from diffusers.models.transformers.transformer_flux import _get_qkv_projections
 
-        query, key, value, encoder_query, encoder_key, encoder_value = _get_qkv_projections(
-            attn, hidden_states, encoder_hidden_states)
+        qkv = _merged(attn, "qkv", hidden_states)
+        added = _merged(attn, "added_qkv", encoder_hidden_states) if encoder_hidden_states is not None else None
+        if qkv is not None and (added is not None or encoder_hidden_states is None or attn.added_kv_proj_dim is None):
+            query, key, value = qkv.split(hidden_states)  # strided views of one GEMM's output
+            encoder_query = encoder_key = encoder_value = None
+            if added is not None:
+                encoder_query, encoder_key, encoder_value = added.split(encoder_hidden_states)
+        else:
+            query, key, value, encoder_query, encoder_key, encoder_value = _get_qkv_projections(
+                attn, hidden_states, encoder_hidden_states)
         query = _torch_rms_norm(self.tk, attn.norm_q, query.unflatten(-1, (-1, attn.head_dim)))
         key = _torch_rms_norm(self.tk, attn.norm_k, key.unflatten(-1, (-1, attn.head_dim)))
         value = value.unflatten(-1, (-1, attn.head_dim))
@@ -199,12 +246,18 @@ class LTXAttnProcessor:
         if attention_mask is not None:
             attention_mask = attn.prepare_attention_mask(attention_mask, sequence_length, batch_size)
             attention_mask = attention_mask.view(batch_size, attn.heads, -1, attention_mask.shape[-1])
-        if encoder_hidden_states is None:
-            encoder_hidden_states = hidden_states
 
-        query = attn.to_q(hidden_states)
-        key = attn.to_k(encoder_hidden_states)
-        value = attn.to_v(encoder_hidden_states)
+        self_attention = encoder_hidden_states is None
+        qkv = _merged(attn, "qkv", hidden_states) if self_attention else None
+        kv = _merged(attn, "kv", encoder_hidden_states) if not self_attention else None
+        if self_attention:
+            encoder_hidden_states = hidden_states
+        if qkv is not None:  # one GEMM; q, k, v are strided views of its output
+            query, key, value = qkv.split(hidden_states)
+        else:
+            query = attn.to_q(hidden_states)
+            key, value = kv.split(encoder_hidden_states) if kv is not None else (
+                attn.to_k(encoder_hidden_states), attn.to_v(encoder_hidden_states))
         eps = _fused_qk_norm_eps(attn.norm_q, attn.norm_k)
         # image_rotary_emb: the rope module's (cos, sin) tables, or its coordinates (LTXRopeCoords)
         # where inject patched the rope module (the kernel then computes cos/sin itself)
@@ -311,28 +364,69 @@ def _ltx_rope_coords_patch(model: torch.nn.Module, tk: ModuleType) -> None:
     set_forward(model.rope, ltx_rope_coords)
 
 
-RULES: tuple[Rule, ...] = (
-    Rule("ltx_rope_coords", named("LTXVideoTransformer3DModel"), _ltx_rope_coords_patch, skip=_ltx_rope_skip),
-    Rule("ltx_block", named("LTXVideoTransformerBlock"), forward_from(_ltx_block_forward), claims=("norm1", "norm2")),
-    Rule("ltx_attention", named("LTXAttention"), lambda m, tk: m.set_processor(LTXAttnProcessor(tk)),
-         claims=("norm_q", "norm_k"), skip=_ltx_attention_skip),
-    Rule("flux_attention", named("FluxAttention"), lambda m, tk: m.set_processor(FluxAttnProcessor(tk)),
-         claims=("norm_q", "norm_k", "norm_added_q", "norm_added_k"), skip=_flux_attention_skip),
-    Rule("adaln_zero", named("AdaLayerNormZero"), forward_from(_adaln_zero_forward), claims=("norm",),
-         skip=_adaln_skip),
-    Rule("adaln_zero_single", named("AdaLayerNormZeroSingle"), forward_from(_adaln_zero_single_forward),
-         claims=("norm",), skip=_adaln_skip),
-    Rule("sd35_adaln_zero_x", named("SD35AdaLayerNormZeroX"), forward_from(_sd35_adaln_zero_x_forward),
-         claims=("norm",), skip=_adaln_skip),
-    Rule("adaln_continuous", named("AdaLayerNormContinuous"), forward_from(_adaln_continuous_forward),
-         claims=("norm",), skip=_adaln_skip),
-    *SD_RULES,
-    Rule("gelu", named("GELU"), forward_from(_gelu_forward), skip=_gelu_skip),
-    Rule("rms_norm", named("RMSNorm"), layer_forward("RMSNorm")),
-    Rule("layer_norm", named("LayerNorm", "FP32LayerNorm"), layer_forward("LayerNorm"),
-         skip=lambda m: "FP32LayerNorm computes in fp32 on purpose" if type(m).__name__ == "FP32LayerNorm"
-         else _layer_norm_skip(m)),
-)
+def _merge_ltx_block(block: torch.nn.Module) -> None:
+    """The block's self-attention (attn1) takes q/k/v as one GEMM, its cross-attention (attn2) k/v
+    (they read the caption; q reads the video tokens)."""
+    for attn, key, names in ((getattr(block, "attn1", None), "qkv", QKV), (getattr(block, "attn2", None), "kv", KV)):
+        if attn is not None and merging.mergeable(attn, names) is None:
+            merging.attach(attn, key, names)
+
+
+def _merge_flux_attention(attn: torch.nn.Module) -> None:
+    if merging.mergeable(attn, QKV) is None:
+        merging.attach(attn, "qkv", QKV)
+        if getattr(attn, "added_kv_proj_dim", None) is not None and merging.mergeable(attn, ADDED_QKV) is None:
+            merging.attach(attn, "added_qkv", ADDED_QKV)
+
+
+def _then(patch: Callable, extra: Callable[[torch.nn.Module], None]) -> Callable:
+    def both(module, tk):
+        patch(module, tk)
+        extra(module)
+
+    return both
+
+
+def rules(merge_projections: bool = True, linear_gelu: bool = True, group_norm: bool = True,
+          geglu: bool = True) -> tuple[Rule, ...]:
+    """The table; the switches add merged projections to the LTX and Flux attention rules and the
+    GEMM + GELU epilogue rule for tanh-GELU FFN projections, and keep the Stable Diffusion rules
+    (``diffusers_sd.py``) that need ``group_norm`` / ``geglu``."""
+    ltx_block = forward_from(_ltx_block_forward)
+    flux_attention = lambda m, tk: m.set_processor(FluxAttnProcessor(tk))  # noqa: E731
+    if merge_projections:
+        ltx_block = _then(ltx_block, _merge_ltx_block)
+        flux_attention = _then(flux_attention, _merge_flux_attention)
+    gelu_rules = (Rule("linear_gelu", named("GELU"), forward_from(_linear_gelu_forward), skip=_linear_gelu_skip),
+                  ) if linear_gelu else ()
+    on = {"group_norm": group_norm, "geglu": geglu}
+    sd_rules = tuple(r for r in SD_RULES if all(on[s] for s in SD_SWITCHES[r.kind]))
+    return (
+        Rule("ltx_rope_coords", named("LTXVideoTransformer3DModel"), _ltx_rope_coords_patch, skip=_ltx_rope_skip),
+        Rule("ltx_block", named("LTXVideoTransformerBlock"), ltx_block, claims=("norm1", "norm2")),
+        Rule("ltx_attention", named("LTXAttention"), lambda m, tk: m.set_processor(LTXAttnProcessor(tk)),
+             claims=("norm_q", "norm_k"), skip=_ltx_attention_skip),
+        Rule("flux_attention", named("FluxAttention"), flux_attention,
+             claims=("norm_q", "norm_k", "norm_added_q", "norm_added_k"), skip=_flux_attention_skip),
+        Rule("adaln_zero", named("AdaLayerNormZero"), forward_from(_adaln_zero_forward), claims=("norm",),
+             skip=_adaln_skip),
+        Rule("adaln_zero_single", named("AdaLayerNormZeroSingle"), forward_from(_adaln_zero_single_forward),
+             claims=("norm",), skip=_adaln_skip),
+        Rule("sd35_adaln_zero_x", named("SD35AdaLayerNormZeroX"), forward_from(_sd35_adaln_zero_x_forward),
+             claims=("norm",), skip=_adaln_skip),
+        Rule("adaln_continuous", named("AdaLayerNormContinuous"), forward_from(_adaln_continuous_forward),
+             claims=("norm",), skip=_adaln_skip),
+        *sd_rules,
+        *gelu_rules,
+        Rule("gelu", named("GELU"), forward_from(_gelu_forward), skip=_gelu_skip),
+        Rule("rms_norm", named("RMSNorm"), layer_forward("RMSNorm")),
+        Rule("layer_norm", named("LayerNorm", "FP32LayerNorm"), layer_forward("LayerNorm"),
+             skip=lambda m: "FP32LayerNorm computes in fp32 on purpose" if type(m).__name__ == "FP32LayerNorm"
+             else _layer_norm_skip(m)),
+    )
+
+
+RULES: tuple[Rule, ...] = rules()
 
 
 def _models(pipe_or_model) -> list[tuple[str, torch.nn.Module]]:
@@ -344,19 +438,13 @@ def _models(pipe_or_model) -> list[tuple[str, torch.nn.Module]]:
     return [(name, m) for name, m in components.items() if isinstance(m, torch.nn.Module)]
 
 
-# rule kind -> the inject keywords it needs (all on by default); rules not listed have none yet.
-RULE_SWITCHES: dict[str, tuple[str, ...]] = dict(SD_SWITCHES)
-SWITCHES = tuple(sorted({s for names in RULE_SWITCHES.values() for s in names}))
-
-
-def inject(pipe_or_model, tk: ModuleType | None = None, **switches: bool) -> InjectionReport:
+def inject(pipe_or_model, tk: ModuleType | None = None, *, merge_projections: bool = True,
+           linear_gelu: bool = True, group_norm: bool = True, geglu: bool = True) -> InjectionReport:
     """Patches every supported module of a pipeline's components (or of one model) in place.
 
-    ``switches`` turn op kinds off, e.g. ``inject(pipe, geglu=False)``: ``group_norm`` (the ResNet
-    blocks, the GroupNorm + SiLU of the UNet's and VAE's outputs, every GroupNorm) and ``geglu``.
-    Returns what was replaced, by kind, and the matching modules left alone with the reason."""
-    unknown = sorted(set(switches) - set(SWITCHES))
-    if unknown:
-        raise TypeError(f"inject: unknown switch(es) {unknown}; the switches are {list(SWITCHES)}")
-    rules = tuple(r for r in RULES if all(switches.get(s, True) for s in RULE_SWITCHES.get(r.kind, ())))
-    return apply_rules(_models(pipe_or_model), rules, tk or load_kernel())
+    Returns what was replaced, by kind, and the matching modules left alone with the reason.
+    ``merge_projections`` and ``linear_gelu``: see the module docstring. ``group_norm``: the Stable
+    Diffusion ResNet blocks, the GroupNorm + SiLU of the UNet's and VAE's outputs and every other
+    GroupNorm; ``geglu``: diffusers' GEGLU (``diffusers_sd.py``)."""
+    return apply_rules(_models(pipe_or_model), rules(merge_projections, linear_gelu, group_norm, geglu),
+                       tk or load_kernel())

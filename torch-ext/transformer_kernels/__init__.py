@@ -21,6 +21,7 @@ from .activation import (
     silu_and_mul,
 )
 from .group_norm import add_group_norm, group_norm
+from .linear import linear_gelu, linear_gelu_fused
 from .norm import (
     fused_add_rms_norm,
     fused_add_rms_norm_,
@@ -61,6 +62,8 @@ __all__ = [
     "hf_qk_norm_rope",
     "layer_norm",
     "layers",
+    "linear_gelu",
+    "linear_gelu_fused",
     "ltx_qk_norm_rope",
     "ltx_qk_norm_rope_from_coords",
     "ltx_rope",

@@ -1,0 +1,155 @@
+// Torch entry points of linear_gelu: validate, then one cuBLASLt matmul with the GELU(+bias)
+// epilogue (gemm/linear_gelu.cuh) on torch's cuBLASLt handle, workspace and current stream; where
+// cuBLASLt has no epilogue algorithm for the layout, dtype or alignment, at::linear followed by our
+// gelu_tanh kernel (activation/activation.cuh), which rounds as F.linear + F.gelu do.
+#include <ATen/Context.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/linear.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include <optional>
+#include <vector>
+
+#include "activation/activation.cuh"
+#include "common/checks.h"
+#include "common/dispatch.h"
+#include "gemm/linear_gelu.cuh"
+
+namespace transformer_kernels {
+namespace {
+
+using OptTensor = std::optional<at::Tensor>;
+constexpr const char* kOp = "linear_gelu";
+
+// x [..., K]; weight [N, K]; bias [N] or None: CUDA, one float dtype, one device.
+void check_inputs(const at::Tensor& x, const at::Tensor& weight, const OptTensor& bias) {
+  check_cuda(kOp, x, "x");
+  check_float_dtype(kOp, x, "x");
+  TORCH_CHECK_VALUE(x.dim() >= 1, kOp, ": x must have at least one dimension [..., in_features], got a 0-d tensor");
+  check_same_device(kOp, weight, "weight", x, "x");
+  check_dtype(kOp, weight, "weight", x.scalar_type(), "the dtype of x");
+  TORCH_CHECK_VALUE(weight.dim() == 2 && weight.size(1) == x.size(-1), kOp,
+                    ": weight must be [out_features, in_features] with in_features = x.shape[-1] = ", x.size(-1),
+                    ", got shape ", weight.sizes());
+  if (bias) {
+    check_same_device(kOp, *bias, "bias", x, "x");
+    check_dtype(kOp, *bias, "bias", x.scalar_type(), "the dtype of x");
+    TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == weight.size(0), kOp,
+                      ": bias must be [out_features] = [", weight.size(0), "], got shape ", bias->sizes());
+  }
+}
+
+std::vector<int64_t> out_sizes(const at::Tensor& x, const at::Tensor& weight) {
+  std::vector<int64_t> sizes(x.sizes().begin(), x.sizes().end());
+  sizes.back() = weight.size(0);
+  return sizes;
+}
+
+GemmDtype gemm_dtype(c10::ScalarType t) {
+  if (t == at::kHalf) return GemmDtype::kFloat16;
+  if (t == at::kBFloat16) return GemmDtype::kBFloat16;
+  return GemmDtype::kFloat32;
+}
+
+// The row stride of t seen as a matrix [rows, t.size(-1)]: its leading dimensions merge into one
+// and its rows are contiguous. nullopt where they do not (the fallback takes any strides).
+std::optional<int64_t> matrix_ld(const at::Tensor& t) {
+  if (t.size(-1) > 1 && t.stride(-1) != 1) return std::nullopt;
+  RowIndexer rows;
+  if (!make_row_indexer(t.sizes().data(), t.strides().data(), static_cast<int>(t.dim()) - 1, &rows) ||
+      rows.ndim != 1)
+    return std::nullopt;
+  // A single row (or one column) has no meaningful stride; cuBLASLt wants ld >= the row length.
+  const int64_t ld = num_rows(t) <= 1 ? t.size(-1) : rows.strides[0];
+  return ld >= t.size(-1) ? std::optional<int64_t>(ld) : std::nullopt;
+}
+
+// The epilogue's parameters, or nullopt where the layout rules it out (cuBLASLt decides the rest).
+std::optional<LinearGeluParams> epilogue_params(const at::Tensor& x, const at::Tensor& weight,
+                                                const OptTensor& bias, const at::Tensor& out) {
+  const auto x_ld = matrix_ld(x), w_ld = matrix_ld(weight), out_ld = matrix_ld(out);
+  if (!x_ld || !w_ld || !out_ld || (bias && bias->size(0) > 1 && bias->stride(0) != 1)) return std::nullopt;
+  LinearGeluParams p;
+  p.x = x.const_data_ptr();
+  p.x_ld = *x_ld;
+  p.weight = weight.const_data_ptr();
+  p.weight_ld = *w_ld;
+  p.bias = bias ? bias->const_data_ptr() : nullptr;
+  p.out = out.data_ptr();
+  p.out_ld = *out_ld;
+  p.m = num_rows(x);
+  p.n = weight.size(0);
+  p.k = x.size(-1);
+  p.dtype = gemm_dtype(x.scalar_type());
+  p.allow_tf32 = at::globalContext().allowTF32CuBLAS();
+  return p;
+}
+
+GemmWorkspace torch_workspace() {
+  return {at::cuda::getCUDABlasLtWorkspace(), at::cuda::getCUDABlasLtWorkspaceSize()};
+}
+
+// F.linear, then gelu_tanh into out with our activation kernel (the rounding of the eager pair).
+void linear_then_gelu(const at::Tensor& x, const at::Tensor& weight, const OptTensor& bias, at::Tensor& out) {
+  const at::Tensor pre = at::linear(x, weight, bias);
+  check_row_input(kOp, pre, "x @ weight.T");
+  dispatch_float_dtype(x.scalar_type(), "x", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    ElementwiseParams<T> p;
+    p.a = static_cast<const T*>(pre.const_data_ptr());
+    p.a_rows = row_indexer(kOp, pre, "x @ weight.T");
+    p.out = static_cast<T*>(out.data_ptr());
+    p.out_rows = row_indexer(kOp, out, "out");
+    p.num_rows = num_rows(pre);
+    p.cols = pre.size(-1);
+    const cudaError_t err =
+        elementwise<Elementwise::kAct, Activation::kGeluTanh>(p, at::cuda::getCurrentCUDAStream());
+    TORCH_CHECK(err == cudaSuccess, kOp, ": kernel launch failed: ", cudaGetErrorString(err));
+  });
+}
+
+void launch(const at::Tensor& x, const at::Tensor& weight, const OptTensor& bias, at::Tensor& out) {
+  const at::cuda::OptionalCUDAGuard device_guard(x.device());
+  if (out.numel() == 0) return;
+  const auto p = x.size(-1) > 0 ? epilogue_params(x, weight, bias, out) : std::nullopt;
+  if (p) {
+    const cublasStatus_t status = linear_gelu(at::cuda::getCurrentCUDABlasLtHandle(), *p, torch_workspace(),
+                                              at::cuda::getCurrentCUDAStream());
+    if (status == CUBLAS_STATUS_SUCCESS) return;
+    // No epilogue algorithm for this case (or cuBLASLt refused the launch): the separate pair below.
+    TORCH_CHECK(status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_INVALID_VALUE ||
+                    status == CUBLAS_STATUS_ARCH_MISMATCH,
+                kOp, ": cuBLASLt failed: ", cublasLtGetStatusString(status));
+  }
+  linear_then_gelu(x, weight, bias, out);
+}
+
+}  // namespace
+
+at::Tensor linear_gelu(const at::Tensor& x, const at::Tensor& weight, const OptTensor& bias) {
+  check_inputs(x, weight, bias);
+  at::Tensor out = at::empty(out_sizes(x, weight), x.options());
+  launch(x, weight, bias, out);
+  return out;
+}
+
+void linear_gelu_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, const OptTensor& bias) {
+  check_inputs(x, weight, bias);
+  check_output(kOp, out, "out", x, out_sizes(x, weight), x.scalar_type(),
+               {{&x, "x"}, {&weight, "weight"}, {bias ? &*bias : nullptr, "bias"}});
+  launch(x, weight, bias, out);
+}
+
+bool linear_gelu_fused(const at::Tensor& x, const at::Tensor& weight, const OptTensor& bias) {
+  check_inputs(x, weight, bias);
+  if (x.size(-1) == 0 || x.numel() == 0 || weight.size(0) == 0) return false;
+  const at::cuda::OptionalCUDAGuard device_guard(x.device());
+  // The layout of the output the functional form allocates: contiguous rows of N.
+  const at::Tensor out = at::empty(out_sizes(x, weight), x.options());
+  const auto p = epilogue_params(x, weight, bias, out);
+  return p && linear_gelu(at::cuda::getCurrentCUDABlasLtHandle(), *p, torch_workspace(),
+                          at::cuda::getCurrentCUDAStream(), /*launch=*/false) == CUBLAS_STATUS_SUCCESS;
+}
+
+}  // namespace transformer_kernels

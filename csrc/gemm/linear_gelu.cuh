@@ -1,0 +1,141 @@
+// out = gelu_tanh(x @ weight^T + bias) as one cuBLASLt matmul with the GELU(+bias) epilogue: the
+// bias and the activation are applied to the fp32 accumulator, then rounded once. Torch-free: the
+// caller passes the handle, the workspace and the stream (the binding takes torch's).
+//
+// cuBLASLt is column-major; a row-major [M, N] output is the column-major [N, M] matrix
+// D = op(A) B with A = weight (row-major [N, K] = column-major [K, N], transposed) and B = x
+// (row-major [M, K] = column-major [K, M]); the bias is one value per row of D, i.e. per output
+// feature. This is how ATen's addmm calls cuBLASLt (gemm_and_bias with transpose_mat1).
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+namespace transformer_kernels {
+
+enum class GemmDtype { kFloat32, kFloat16, kBFloat16 };
+
+struct LinearGeluParams {
+  const void* x;  // [M, K], rows x_ld elements apart, each row contiguous
+  int64_t x_ld;
+  const void* weight;  // [N, K], rows weight_ld elements apart, each row contiguous
+  int64_t weight_ld;
+  const void* bias;  // [N] contiguous, x's dtype; nullptr for none (the GELU epilogue alone)
+  void* out;         // [M, N], rows out_ld elements apart, each row contiguous
+  int64_t out_ld;
+  int64_t m, n, k;  // M >= 1, N >= 1, K >= 1
+  GemmDtype dtype;  // of x, weight, bias and out
+  bool allow_tf32;  // float32 only: TF32 tensor cores, as torch.backends.cuda.matmul.allow_tf32
+};
+
+struct GemmWorkspace {
+  void* ptr;  // device memory the matmul may use, valid for work queued on the stream
+  size_t bytes;
+};
+
+namespace linear_gelu_detail {
+
+constexpr uint32_t kMaxAlignmentBytes = 256;  // the largest alignment cuBLASLt's preference takes
+
+// The alignment cuBLASLt may assume for a matrix: its base address and its leading dimension.
+inline uint32_t alignment(const void* ptr, int64_t ld_bytes) {
+  const auto address = reinterpret_cast<uintptr_t>(ptr) | static_cast<uintptr_t>(ld_bytes);
+  uint32_t a = kMaxAlignmentBytes;
+  while (a > 1 && address % a != 0) a /= 2;
+  return a;
+}
+
+inline size_t element_bytes(GemmDtype t) { return t == GemmDtype::kFloat32 ? 4 : 2; }
+
+inline cudaDataType_t data_type(GemmDtype t) {
+  switch (t) {
+    case GemmDtype::kFloat16: return CUDA_R_16F;
+    case GemmDtype::kBFloat16: return CUDA_R_16BF;
+    default: return CUDA_R_32F;
+  }
+}
+
+// Owners of cuBLASLt's opaque descriptors.
+struct DescDeleter {
+  void operator()(cublasLtMatmulDescOpaque_t* d) const { cublasLtMatmulDescDestroy(d); }
+  void operator()(cublasLtMatrixLayoutOpaque_t* d) const { cublasLtMatrixLayoutDestroy(d); }
+  void operator()(cublasLtMatmulPreferenceOpaque_t* d) const { cublasLtMatmulPreferenceDestroy(d); }
+};
+using MatmulDesc = std::unique_ptr<cublasLtMatmulDescOpaque_t, DescDeleter>;
+using Layout = std::unique_ptr<cublasLtMatrixLayoutOpaque_t, DescDeleter>;
+using Preference = std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, DescDeleter>;
+
+#define TK_CUBLAS_TRY(call)                                 \
+  do {                                                      \
+    const cublasStatus_t tk_status_ = (call);               \
+    if (tk_status_ != CUBLAS_STATUS_SUCCESS) return tk_status_; \
+  } while (0)
+
+template <typename Attr, typename V>
+cublasStatus_t set(cublasLtMatmulDesc_t d, Attr attr, const V& value) {
+  return cublasLtMatmulDescSetAttribute(d, attr, &value, sizeof(value));
+}
+template <typename V>
+cublasStatus_t set_pref(cublasLtMatmulPreference_t d, cublasLtMatmulPreferenceAttributes_t attr, const V& value) {
+  return cublasLtMatmulPreferenceSetAttribute(d, attr, &value, sizeof(value));
+}
+
+}  // namespace linear_gelu_detail
+
+// Asks cuBLASLt's heuristic for an algorithm with the GELU epilogue for p and, when `launch`,
+// queues it on `stream`. Returns CUBLAS_STATUS_NOT_SUPPORTED, having queued nothing, where no
+// algorithm takes this dtype, layout or alignment with the epilogue on this GPU (the caller then
+// computes the GEMM and the activation separately). Only host calls besides the launch: legal
+// during CUDA-graph capture (the launch is captured; nothing is synchronized or allocated).
+inline cublasStatus_t linear_gelu(cublasLtHandle_t handle, const LinearGeluParams& p, GemmWorkspace workspace,
+                                  cudaStream_t stream, bool launch = true) {
+  using namespace linear_gelu_detail;
+  const cudaDataType_t type = data_type(p.dtype);
+  const cublasComputeType_t compute = p.dtype == GemmDtype::kFloat32 && p.allow_tf32
+                                          ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                          : CUBLAS_COMPUTE_32F;
+  cublasLtMatmulDesc_t raw_desc = nullptr;
+  TK_CUBLAS_TRY(cublasLtMatmulDescCreate(&raw_desc, compute, CUDA_R_32F));
+  const MatmulDesc desc(raw_desc);
+  TK_CUBLAS_TRY(set(raw_desc, CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T));
+  TK_CUBLAS_TRY(set(raw_desc, CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N));
+  const cublasLtEpilogue_t epilogue = p.bias != nullptr ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU;
+  TK_CUBLAS_TRY(set(raw_desc, CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue));
+  if (p.bias != nullptr) TK_CUBLAS_TRY(set(raw_desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, p.bias));
+
+  // Column-major: A = weight as [K, N] (transposed to [N, K]), B = x as [K, M], D = out as [N, M].
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  TK_CUBLAS_TRY(cublasLtMatrixLayoutCreate(&a, type, p.k, p.n, p.weight_ld));
+  const Layout a_owner(a);
+  TK_CUBLAS_TRY(cublasLtMatrixLayoutCreate(&b, type, p.k, p.m, p.x_ld));
+  const Layout b_owner(b);
+  TK_CUBLAS_TRY(cublasLtMatrixLayoutCreate(&d, type, p.n, p.m, p.out_ld));
+  const Layout d_owner(d);
+
+  cublasLtMatmulPreference_t raw_pref = nullptr;
+  TK_CUBLAS_TRY(cublasLtMatmulPreferenceCreate(&raw_pref));
+  const Preference pref(raw_pref);
+  const auto item = static_cast<int64_t>(element_bytes(p.dtype));
+  TK_CUBLAS_TRY(set_pref(raw_pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, workspace.bytes));
+  TK_CUBLAS_TRY(set_pref(raw_pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, alignment(p.weight, p.weight_ld * item)));
+  TK_CUBLAS_TRY(set_pref(raw_pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, alignment(p.x, p.x_ld * item)));
+  TK_CUBLAS_TRY(set_pref(raw_pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignment(p.out, p.out_ld * item)));
+  TK_CUBLAS_TRY(set_pref(raw_pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alignment(p.out, p.out_ld * item)));
+
+  cublasLtMatmulHeuristicResult_t heuristic = {};
+  int found = 0;
+  TK_CUBLAS_TRY(cublasLtMatmulAlgoGetHeuristic(handle, raw_desc, a, b, d, d, raw_pref, 1, &heuristic, &found));
+  if (found == 0) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (!launch) return CUBLAS_STATUS_SUCCESS;
+  const float alpha = 1.0f, beta = 0.0f;
+  return cublasLtMatmul(handle, raw_desc, &alpha, p.weight, a, p.x, b, &beta, p.out, d, p.out, d, &heuristic.algo,
+                        workspace.ptr, workspace.bytes, stream);
+}
+
+#undef TK_CUBLAS_TRY
+
+}  // namespace transformer_kernels

@@ -1,0 +1,135 @@
+"""Decode without host overhead: the graph-captured decode step (cuda_graphs.CapturedDecoder) and
+generate's compiled decode (reduce-overhead, fullgraph) with the injected Llama/Qwen3 models.
+
+On CPU the decoder runs its static-buffer step without a graph (capture=False) and must produce
+generate's greedy tokens, injected (with the eager stand-ins) or not; on the GPU the captured
+replays must equal the uncaptured steps, and the compiled generate must record its graphs once."""
+
+import pytest
+import torch
+
+from test_integration_transformers import CONFIGS, EAGER_TK, restore_rotary_functions, small_model  # noqa: F401 (autouse)
+
+transformers = pytest.importorskip("transformers")
+from transformer_kernels_integrations import transformers_models  # noqa: E402
+from transformer_kernels_integrations.cuda_graphs import (  # noqa: E402
+    CapturedDecoder,
+    capture_decode,
+    compile_config_for_decode,
+)
+from transformer_kernels_integrations.transformers_models import inject  # noqa: E402
+
+
+def prompts(batch, length, seed=0, device="cpu", pad=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 101, (batch, length), generator=g).to(device)
+    mask = torch.ones_like(ids)
+    if pad:
+        mask[0, :pad] = 0  # left padding in the first row, as a tokenizer pads for generation
+    return ids, mask
+
+
+def hf_greedy(model, ids, mask, new_tokens):
+    return model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                          do_sample=False, pad_token_id=0)
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+@pytest.mark.parametrize("injected", [False, True], ids=["eager", "injected"])
+@pytest.mark.parametrize("pad", [0, 3], ids=["no_pad", "left_pad"])
+def test_uncaptured_decoder_gives_generates_tokens_on_cpu(monkeypatch, name, injected, pad):
+    model = small_model(name)
+    ids, mask = prompts(2, 9, pad=pad)
+    expected = hf_greedy(model, ids, mask, 6)
+    if injected:
+        monkeypatch.setattr(transformers_models, "KERNEL_DEVICES", ("cpu",))
+        inject(model, EAGER_TK)
+    decoder = CapturedDecoder(model, batch_size=2, max_cache_len=32, capture=False)
+    assert torch.equal(decoder.generate(ids, 6, attention_mask=mask), expected)
+    assert torch.equal(decoder.generate(ids, 6, attention_mask=mask), expected)  # the cache resets per prompt
+
+
+def test_decoder_rejects_what_it_cannot_run():
+    model = small_model("llama")
+    with pytest.raises(ValueError, match="capture needs the model on a CUDA device"):
+        CapturedDecoder(model, 1, 16)
+    decoder = CapturedDecoder(model, 2, 16, capture=False)
+    with pytest.raises(ValueError, match="for batch size 2, got 1 prompts"):
+        decoder.prefill(torch.zeros(1, 4, dtype=torch.long))
+    with pytest.raises(ValueError, match="leaves no room"):
+        decoder.prefill(torch.zeros(2, 16, dtype=torch.long))
+    with pytest.raises(RuntimeError, match="call prefill"):
+        decoder.step(torch.zeros(2, dtype=torch.long))
+    mistral = transformers.MistralForCausalLM(transformers.MistralConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=101, sliding_window=8)).eval()
+    with pytest.raises(ValueError, match="sliding-window"):
+        CapturedDecoder(mistral, 1, 32, capture=False)
+
+
+# ---- on the GPU ----
+
+def gpu_model(name, tk, dtype=torch.bfloat16):
+    model = small_model(name, dtype, "cuda")
+    if tk is not None:
+        assert inject(model, tk).replaced
+    return model
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+@pytest.mark.parametrize("injected", [False, True], ids=["eager", "injected"])
+def test_captured_steps_equal_uncaptured_steps(tk, name, injected):
+    """Replays of the captured step give the bits of the same step run eagerly; captured once."""
+    model = gpu_model(name, tk if injected else None)
+    ids, mask = prompts(4, 11, device="cuda", pad=2)
+    reference = CapturedDecoder(model, 4, 64, capture=False)
+    decoder = capture_decode(model, 4, 64)
+    ref_logits, logits = reference.prefill(ids, mask), decoder.prefill(ids, mask)
+    assert torch.equal(ref_logits, logits)
+    graph = None
+    for _ in range(12):
+        token = ref_logits.argmax(-1)
+        ref_logits, logits = reference.step(token), decoder.step(token)
+        assert torch.equal(logits, ref_logits)
+        graph = graph or decoder.graph
+        assert decoder.graph is graph  # one capture, replayed per token
+    assert torch.equal(decoder.generate(ids, 8, mask), reference.generate(ids, 8, mask))
+
+
+@pytest.mark.gpu
+def test_decoders_of_several_batch_sizes_share_a_pool(tk):
+    model = gpu_model("llama", tk)
+    pool = torch.cuda.graph_pool_handle()
+    decoders = {b: capture_decode(model, b, 48, pool=pool) for b in (1, 2, 4)}
+    for b, decoder in decoders.items():
+        ids, _ = prompts(b, 7, seed=b, device="cuda")
+        expected = CapturedDecoder(model, b, 48, capture=False).generate(ids, 5)
+        assert torch.equal(decoder.generate(ids, 5), expected)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_compiled_generate_records_once_and_matches_eager(tk, name):
+    """generate with a static cache and the reduce-overhead, fullgraph compile config: the injected
+    model's tokens equal its eager generate's (fp32: no rounding-driven argmax flips), no CUDA-graph
+    skips, and a second generate records no new graph (no re-recording per token or per call)."""
+    from torch._dynamo.utils import counters
+    from torch._inductor import cudagraph_trees
+
+    model = gpu_model(name, tk, torch.float32)
+    ids, mask = prompts(2, 9, device="cuda")
+    gen = dict(attention_mask=mask, max_new_tokens=12, min_new_tokens=12, do_sample=False, pad_token_id=0,
+               cache_implementation="static")
+    expected = model.generate(ids, disable_compile=True, **gen)
+    torch._dynamo.reset()
+    counters.clear()
+    with torch._inductor.config.patch({"triton.cudagraph_or_error": True}):
+        first = model.generate(ids, compile_config=compile_config_for_decode(), **gen)
+        manager = cudagraph_trees.get_manager(torch.cuda.current_device())
+        before = manager.new_graph_id().id
+        second = model.generate(ids, compile_config=compile_config_for_decode(), **gen)
+        after = manager.new_graph_id().id
+    assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
+    assert after == before + 1, f"{after - before - 1} graphs recorded by the second generate"
+    assert torch.equal(first, expected) and torch.equal(second, expected)
