@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 sys.path[:0] = [str(Path(__file__).resolve().parent.parent), str(Path(__file__).resolve().parent.parent / "integration")]
-from benchmarks.harness import copy_gbps, environment, wall_time_s  # noqa: E402
+from benchmarks.harness import build_line, copy_gbps, environment, wall_time_s  # noqa: E402
 from transformer_kernels_integrations.loading import load_kernel, use_local_build  # noqa: E402
 
 LLAMA_31_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
@@ -139,7 +139,7 @@ def markdown(args, env, results, copy: float) -> str:
              f"torch {env['torch']}, CUDA {env['cuda']}, {env['date']}. Prefill {args.prefill_tokens} tokens "
              f"(median of {args.repeats}); greedy decode of {args.decode_tokens} tokens after a {PROMPT_TOKENS}-token "
              f"prompt with a static cache, ms per token. Device-to-device copy in this run: {copy:.0f} GB/s; the "
-             "decode floor is the weights (all but the embedding) read once at that speed.", "",
+             "decode floor is the weights (all but the embedding) read once at that speed.", "", build_line(env), "",
              "| mode | kernels | decode | prefill ms | vs HF eager | decode ms/token | vs HF eager | × floor "
              "| kernels / token | GPU idle ms / token |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:

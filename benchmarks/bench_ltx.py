@@ -31,7 +31,7 @@ import torch
 from tqdm import tqdm
 
 sys.path[:0] = [str(Path(__file__).resolve().parent.parent), str(Path(__file__).resolve().parent.parent / "integration")]
-from benchmarks.harness import environment  # noqa: E402
+from benchmarks.harness import build_line, environment  # noqa: E402
 from transformer_kernels_integrations.loading import load_kernel, use_local_build  # noqa: E402
 
 VAE_SPATIAL, VAE_TEMPORAL, LATENT_CHANNELS = 32, 8, 128  # LTX-Video's VAE compression
@@ -232,7 +232,7 @@ def main() -> None:
              f"torch {env['torch']}, CUDA {env['cuda']}, {env['date']}. {shape}, {args.steps} steps, random "
              "weights. " + ("Whole generations through LTXPipeline (all steps with CFG, then the VAE decode; "
                             "prompt embeddings given), total time divided by the steps." if args.pipeline else
-                            "Wall time per step (synchronized), after warm-up."), "",
+                            "Wall time per step (synchronized), after warm-up."), "", build_line(env), "",
              "| kernels | compile | ms / step | vs eager | vs same compile mode without ours | peak GB "
              "| kernels / step | GPU idle ms / step |", "|---|---|---|---|---|---|---|---|"]
     for r in results:

@@ -111,11 +111,53 @@ def copy_gbps(bytes_each_way: int = COPY_BYTES) -> float:
 SIZE_COPY_MIN_BYTES = 1 << 20
 
 
+def _git(*args: str) -> str:
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    try:
+        done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, check=True)
+        return done.stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+
+
+def kernel_build() -> dict:
+    """Which build of the kernel ran: its op namespace (``_transformer_kernels_cuda_<tree>``, the
+    first 7 hex digits of the git tree it was built from, ``_dirty`` when tracked files had
+    uncommitted changes; tools/build_kernel.py), and the checkout's commit and state now."""
+    namespace = None
+    try:
+        from transformer_kernels_integrations.loading import load_kernel
+
+        namespace = load_kernel().add_op_namespace_prefix("x").split("::")[0]
+    except Exception:  # no build loadable: the record says so (null)
+        pass
+    build_id = namespace.rsplit("_cuda_", 1)[-1] if namespace else None
+    return {
+        "op_namespace": namespace,
+        "tree": build_id.removesuffix("_dirty") if build_id else None,
+        "dirty": build_id.endswith("_dirty") if build_id else None,
+        "commit": _git("rev-parse", "--short", "HEAD") or None,
+        "checkout_tree": _git("rev-parse", "HEAD^{tree}")[:7] or None,
+        "checkout_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+    }
+
+
+def build_line(env: dict) -> str:
+    """The markdown line naming the build a result came from."""
+    if not env.get("op_namespace"):
+        return "Kernel build: unknown (not loadable when the environment was recorded)."
+    return (f"Kernel build `{env['op_namespace']}` (git tree {env['tree']}, "
+            f"{'dirty: built with uncommitted changes' if env['dirty'] else 'clean'}; checkout {env['commit']}).")
+
+
 def environment() -> dict:
     import triton
 
     props = torch.cuda.get_device_properties(0)
     return {
+        **kernel_build(),
         "gpu": props.name,
         "sm_count": props.multi_processor_count,
         "capability": f"{props.major}.{props.minor}",
@@ -198,7 +240,7 @@ class Report:
                  f"output written once. Device-to-device copy in the same run: **{self.copy_gbps:.0f} GB/s** "
                  f"(1 GiB each way; the % columns). The last columns time a copy of each case's own bytes "
                  f"(half read, half written) and give ours as a % of it: what the size itself costs.",
-                 ""]
+                 "", build_line(e), ""]
         by_case: dict[tuple, dict[str, Result]] = {}
         for r in self.results:
             by_case.setdefault((r.op, r.shape, r.dtype), {})[r.impl] = r

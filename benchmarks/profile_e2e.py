@@ -24,7 +24,7 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path[:0] = [str(Path(__file__).resolve().parent.parent), str(Path(__file__).resolve().parent.parent / "integration")]
 from benchmarks import bench_llm, bench_ltx  # noqa: E402
-from benchmarks.harness import environment  # noqa: E402
+from benchmarks.harness import build_line, environment  # noqa: E402
 from transformer_kernels_integrations.loading import load_kernel, use_local_build  # noqa: E402
 
 # Kernel name -> class; first match wins.
@@ -146,7 +146,7 @@ def main() -> None:
     use_local_build()
     env = environment()
     lines = [f"# End-to-end profiles: {env['gpu']}", "", f"torch {env['torch']}, CUDA {env['cuda']}, {env['date']}. "
-             "torch.profiler, one profiled run after warm-up; random weights.", ""]
+             "torch.profiler, one profiled run after warm-up; random weights.", "", build_line(env), ""]
     gpu = re.sub(r"[^a-z0-9]+", "-", env["gpu"].lower()).strip("-")
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"profile-{gpu}-{_dt.date.today().isoformat()}.md"

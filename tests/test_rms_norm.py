@@ -128,15 +128,21 @@ def test_empty(tk, shape):
     assert out.shape == x.shape
 
 
-def test_runs_on_current_device_and_stream(tk):
-    x = random_input((256, 1024), torch.bfloat16)
+def test_runs_on_the_current_stream(tk):
+    """x is written on a side stream after a sleep, then rms_norm is called on that stream: a launch
+    on any other stream (the legacy default one, or the device's default) runs at once and reads
+    the NaN placeholder instead. Every op, and other devices: tests/test_reliability_ops.py."""
+    values = random_input((256, 1024), torch.bfloat16)
     w = make_weight("same", 1024, torch.bfloat16)
-    expected = tk.rms_norm(x, w, EPS)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
+    expected = tk.rms_norm(values, w, EPS)
+    x = torch.full_like(values, float("nan"))
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(50_000_000)  # ~25-50 ms: the input is not ready before then
+        x.copy_(values)
         out = tk.rms_norm(x, w, EPS)
-    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.current_stream().wait_stream(side)
     torch.testing.assert_close(out, expected, rtol=0, atol=0)
 
 

@@ -67,8 +67,26 @@ void check_output(const NormCall& c, const at::Tensor& out, const char* name, c1
        {ptr(c.weight), "weight"}, {ptr(c.bias), "bias"}, {c.scale, "scale"}, {ptr(c.shift), "shift"}});
 }
 
+// The dtypes dispatch_dtypes instantiates: the output (and h_out) in x's dtype, or float32 from an
+// unmodulated RMSNorm with a float32 weight; weight and bias in one dtype. The ops' checks ensure
+// this; checked again here so that a new caller gets an error, not a skipped or misread launch.
+void check_instantiated_dtypes(const NormCall& c) {
+  const c10::ScalarType x_dtype = c.x->scalar_type(), out_dtype = c.out->scalar_type();
+  const at::Tensor* weight = ptr(c.weight);
+  const at::Tensor* bias = ptr(c.bias);
+  const bool fp32_weight = (weight && weight->scalar_type() == at::kFloat) || (bias && bias->scalar_type() == at::kFloat);
+  const bool fp32_out_ok = c.type == NormType::kRms && c.scale == nullptr && fp32_weight;
+  TORCH_CHECK(out_dtype == x_dtype || (out_dtype == at::kFloat && fp32_out_ok), c.op, ": no kernel for x of dtype ",
+              x_dtype, " with out of dtype ", out_dtype);
+  TORCH_CHECK(c.h_out == nullptr || c.h_out->scalar_type() == x_dtype, c.op, ": no kernel for x of dtype ", x_dtype,
+              " with h_out of dtype ", c.h_out->scalar_type());
+  TORCH_CHECK(!weight || !bias || weight->scalar_type() == bias->scalar_type(), c.op,
+              ": no kernel for a weight and a bias of different dtypes");
+}
+
 // The (norm, pre-add, modulation) combinations the ops use; nothing else is instantiated.
 void launch(const NormCall& c) {
+  check_instantiated_dtypes(c);
   const at::cuda::OptionalCUDAGuard device_guard(c.x->device());
   const bool mod = c.scale != nullptr;
   using N = NormType;

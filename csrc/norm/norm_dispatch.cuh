@@ -77,6 +77,8 @@ void dispatch_dtypes(const NormCall& c) {
         run<kNorm, kPre, kMod, T, float, T>(c);
       } else if constexpr (kNorm == NormType::kRms && !kMod) {  // HF/diffusers rounding, fp32 weight
         run<kNorm, kPre, kMod, T, float, float>(c);
+      } else {  // never a silently skipped launch (norm.cu's launch checks the combinations first)
+        TORCH_CHECK(false, c.op, ": no kernel for x of dtype ", c.x->scalar_type(), " with a float32 weight and output");
       }
     }
   });

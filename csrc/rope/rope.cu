@@ -4,6 +4,8 @@
 #include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include <cstdint>
+#include <limits>
 #include <string_view>
 #include <tuple>
 #include <type_traits>
@@ -37,6 +39,18 @@ QkRows<T> qk_rows(at::Tensor& q_out, const at::Tensor& q, at::Tensor& k_out, con
           static_cast<int>(q.size(2)), static_cast<int>(k.size(2))}.with_fast_divisors();
 }
 
+// q [B, S, Hq, d], k [B, S, Hk, d]: the kernels count heads in 32 bits (QkRows) and take at most
+// one block per row of d (B * S * (Hq + Hk) rows) in the grid's x dimension.
+void check_heads_and_rows(const char* op, const at::Tensor& q, const at::Tensor& k) {
+  constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
+  TORCH_CHECK_VALUE(q.size(2) <= kMax - k.size(2), op, ": q and k have ", q.size(2), " + ", k.size(2),
+                    " heads; at most ", kMax, " in all are supported");
+  const int64_t heads = q.size(2) + k.size(2), tokens = q.size(0) * q.size(1);
+  if (heads == 0 || q.size(3) == 0) return;  // nothing is launched
+  TORCH_CHECK_VALUE(tokens <= kMax / heads, op, ": q and k have ", tokens, " tokens of ", heads,
+                    " heads (rows of head_dim); at most ", kMax, " rows are supported");
+}
+
 // q [B, S, Hq, d] and k [B, S, Hk, d]: CUDA, float, same device and dtype, last dim contiguous.
 void check_qk(const char* op, const at::Tensor& q, const at::Tensor& k) {
   check_cuda(op, q, "q");
@@ -48,6 +62,7 @@ void check_qk(const char* op, const at::Tensor& q, const at::Tensor& k) {
   TORCH_CHECK_VALUE(k.dim() == 4 && k.size(0) == q.size(0) && k.size(1) == q.size(1) && k.size(3) == q.size(3), op,
                     ": k must be [B, S, H_k, d] with q's B, S and d ", q.sizes(), ", got ", k.sizes());
   check_last_dim_contiguous(op, k, "k");
+  check_heads_and_rows(op, q, k);
 }
 
 // cos, sin [B or 1, S, width] for q [B, S, H, d]: same device, shape and strides, last dim
@@ -246,6 +261,7 @@ void rope_cached_(const at::Tensor& positions, at::Tensor& query, at::Tensor& ke
   resolve_style(style);
   at::Tensor q = tokens_as_bshd(query, head_size);
   at::Tensor k = tokens_as_bshd(key, head_size);
+  check_heads_and_rows(kOp, q, k);
   // One rounding from fp32 with an fp32 cache; per op (vLLM's scalar_t arithmetic) in q's dtype.
   const bool fp32_math = cos_sin_cache.scalar_type() == at::kFloat && query.scalar_type() != at::kFloat;
   launch(q, k, q, k, cos_sin_cache, cos_sin_cache, style, fp32_math, /*copy_pass_through=*/false, &positions);

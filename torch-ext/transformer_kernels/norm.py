@@ -5,6 +5,14 @@ x ``[..., hidden]`` CUDA float32/float16/bfloat16 with a contiguous last dimensi
 dimensions may have any strides; nothing is copied); ``weight``/``bias`` ``[hidden]``, x's dtype or
 float32; ``scale``/``shift``/``gate`` x's dtype, broadcastable to x (``[hidden]``, ``[B, 1, hidden]``,
 ``[B, S, hidden]``, strided views of a larger modulation tensor).
+
+Determinism: a call gives the same bits every time. A row's bits do not depend on the other rows
+of its batch, with two exceptions, both within the same float64 bounds: rows wider than 16384
+elements are split across blocks (their statistic summed per 8192-element chunk) when the batch has
+fewer than two rows per SM, so such a row's last bits can change with the batch size around that
+threshold and with the GPU's SM count; and operands that are not 16-byte aligned (pointer or row
+stride) take the element-by-element path, which sums in another order than the vectorized one
+(tests/test_reliability_determinism.py).
 """
 
 from typing import Optional, Tuple
