@@ -443,9 +443,192 @@ def group_norm_vae_cases(tk, quick: bool) -> Iterator[Case]:
     return group_norm_cases(tk, quick, vae=True)
 
 
+# ---- backward ----
+# Each case times the backward pass alone: the forward runs once, then autograd.grad (retain_graph)
+# replays the backward of ours (through the autograd registration), of the eager code, of its
+# torch.compile and of Liger; "ours (op)" calls our backward op directly. Bytes: what a backward
+# must move at least (the saved input and the output gradient read, the input gradient written,
+# parameters and their gradients).
+
+def backward_of(forward: Callable, inputs: tuple, grad_like: Callable | None = None) -> Callable:
+    """The backward of forward(*inputs) as a replayable call: the forward runs here once; the
+    output gradients are fresh random tensors of the outputs' shapes and dtypes."""
+    leaves = [t.detach().requires_grad_(True) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+              for t in inputs]
+    outs = forward(*leaves)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    grads = [torch.randn_like(o) for o in outs]
+    wrt = [t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad]
+    return lambda: torch.autograd.grad(outs, wrt, grads, retain_graph=True)
+
+
+def backward_impls(ours: Callable, eager: Callable, inputs: tuple, eager_name: str = "eager",
+                   liger: Callable | None = None, op: Callable | None = None) -> dict[str, Callable]:
+    impls = {"ours": backward_of(ours, inputs), eager_name: backward_of(eager, inputs),
+             "compile": backward_of(compiled(eager), inputs)}
+    if liger is not None:
+        impls["liger"] = backward_of(liger, inputs)
+    if op is not None:
+        impls["ours (op)"] = op
+    return impls
+
+
+def rms_norm_backward_case(tk, rows: int, hidden: int, note: str) -> Case:
+    eps, bf16 = 1e-6, dict(device="cuda", dtype=torch.bfloat16)
+    x, dy = torch.randn(rows, hidden, **bf16), torch.randn(rows, hidden, **bf16)
+    w = (torch.rand(hidden, device="cuda") + 0.5).to(torch.bfloat16)
+    liger = liger_fn("rms_norm", "LigerRMSNormFunction")
+    impls = backward_impls(lambda x, w: tk.rms_norm(x, w, eps), eager_llama_rms_norm_fn(eps), (x, w),
+                           liger=None if liger is None else lambda x, w: liger(x, w, eps, 0.0, "llama", False),
+                           op=lambda: tk.ops.rms_norm_backward(dy, x, w, eps, [True, True]))
+    return Case("rms_norm backward", f"{rows}x{hidden}", "bfloat16", 3 * nbytes(x) + 2 * nbytes(w), impls, note=note)
+
+
+def eager_llama_rms_norm_fn(eps: float) -> Callable:
+    """transformers' LlamaRMSNorm forward as a function of (x, weight), so the weight gets a gradient."""
+    return lambda x, w: hf_rms_norm(x, w, eps)
+
+
+def fused_add_rms_norm_backward_case(tk, rows: int, hidden: int, note: str) -> Case:
+    eps, bf16 = 1e-6, dict(device="cuda", dtype=torch.bfloat16)
+    x, r, dy = (torch.randn(rows, hidden, **bf16) for _ in range(3))
+    w = (torch.rand(hidden, device="cuda") + 0.5).to(torch.bfloat16)
+    liger = liger_fn("fused_add_rms_norm", "LigerFusedAddRMSNormFunction")
+    impls = backward_impls(lambda x, r, w: tk.fused_add_rms_norm(x, r, w, eps),
+                           lambda x, r, w: hf_fused_add_rms_norm(x, r, w, eps), (x, r, w),
+                           liger=None if liger is None else lambda x, r, w: liger(x, r, w, eps, 0.0, "llama", False),
+                           op=lambda: tk.ops.fused_add_rms_norm_backward(dy, dy, x, w, eps, [True, True]))
+    return Case("fused_add_rms_norm backward", f"{rows}x{hidden}", "bfloat16", 4 * nbytes(x) + 2 * nbytes(w), impls,
+                note=note)
+
+
+def layer_norm_backward_case(tk, rows: int, hidden: int, note: str) -> Case:
+    eps, bf16 = 1e-6, dict(device="cuda", dtype=torch.bfloat16)
+    x, dy = torch.randn(rows, hidden, **bf16), torch.randn(rows, hidden, **bf16)
+    w = (torch.rand(hidden, device="cuda") + 0.5).to(torch.bfloat16)
+    b = (torch.rand(hidden, device="cuda") - 0.5).to(torch.bfloat16)
+    liger = liger_fn("layer_norm", "LigerLayerNormFunction")
+    impls = backward_impls(lambda x, w, b: tk.layer_norm(x, w, b, eps), lambda x, w, b: torch_layer_norm(x, w, b, eps),
+                           (x, w, b), eager_name="native",
+                           liger=None if liger is None else lambda x, w, b: liger(x, w, b, eps),
+                           op=lambda: tk.ops.layer_norm_backward(dy, x, w, b, eps, [True, True, True]))
+    return Case("layer_norm backward", f"{rows}x{hidden}", "bfloat16", 3 * nbytes(x) + 4 * nbytes(w), impls,
+                note=note)
+
+
+def modulate_backward_cases(tk, B: int, S: int, D: int, note: str) -> Iterator[Case]:
+    """AdaLN backward with [B, 1, D] scale/shift/gate (views of one modulation tensor, as DiT blocks
+    unbind it): dx, dscale, dshift (and dy, dgate for the gated residual)."""
+    eps, bf16 = 1e-6, dict(device="cuda", dtype=torch.bfloat16)
+    norm = "layer" if "Flux" in note else "rms"
+    x, y, dy = (torch.randn(B, S, D, **bf16) for _ in range(3))
+    mod = torch.randn(B, 6, D, **bf16) * 0.3
+    scale, shift, gate = mod[:, 0:1], mod[:, 1:2], mod[:, 2:3]
+    small = nbytes(scale, shift)
+    yield Case(f"norm_modulate ({norm}) backward", f"{B}x{S}x{D}", "bfloat16", 3 * nbytes(x) + 2 * small,
+               backward_impls(lambda x, s, sh: tk.norm_modulate(x, s, sh, norm=norm, eps=eps),
+                              lambda x, s, sh: diffusers_norm_modulate(x, s, sh, norm, eps=eps), (x, scale, shift),
+                              op=lambda: tk.ops.norm_modulate_backward(dy, x, scale, shift, None, None, eps, norm,
+                                                                       [True, True, True, False, False])), note=note)
+    yield Case(f"gated_add_norm_modulate ({norm}) backward", f"{B}x{S}x{D}", "bfloat16",
+               6 * nbytes(x) + 3 * small,
+               backward_impls(lambda x, y, g, s, sh: tk.gated_add_norm_modulate(x, y, g, s, sh, norm=norm, eps=eps),
+                              lambda x, y, g, s, sh: ltx_gated_add_norm_modulate(x, y, g, s, sh, norm, eps=eps),
+                              (x, y, gate, scale, shift),
+                              op=lambda: tk.ops.gated_add_norm_modulate_backward(
+                                  dy, dy, x, y, gate, scale, shift, None, None, eps, norm, [True] * 5 + [False] * 2)),
+               note=note)
+
+
+def gated_add_backward_case(tk, B: int, S: int, D: int, note: str) -> Case:
+    bf16 = dict(device="cuda", dtype=torch.bfloat16)
+    x, y, dy = (torch.randn(B, S, D, **bf16) for _ in range(3))
+    gate = torch.randn(B, 1, D, **bf16) * 0.3
+    return Case("gated_add backward", f"{B}x{S}x{D}", "bfloat16", 3 * nbytes(x) + 2 * nbytes(gate),
+                backward_impls(tk.gated_add, eager_gated_add, (x, y, gate),
+                               op=lambda: tk.ops.gated_add_backward(dy, y, gate, [True, True])), note=note)
+
+
+def norm_backward_cases(tk, quick: bool) -> Iterator[Case]:
+    """Llama-3.1-8B's norms (16384 tokens x 4096), LTX-Video 2B's and Flux's modulations and gated
+    residual, the layer norms of the forward's shapes."""
+    yield rms_norm_backward_case(tk, 16384, 4096, "Llama-3.1-8B, 4x4096 tokens")
+    yield from modulate_backward_cases(tk, *MODULATE_SHAPES[0])
+    if quick:
+        return
+    yield rms_norm_backward_case(tk, 2048, 4096, "Llama-3.1-8B, 2048 tokens")
+    yield rms_norm_backward_case(tk, 8192, 3584, "Qwen2.5-7B, 8192 tokens")
+    yield rms_norm_backward_case(tk, 65536, 128, "Qwen3-8B per-head norm, 2048 tokens x 32 heads")
+    yield rms_norm_backward_case(tk, 64, 262144, "a few rows of 256 K columns (chunked kernels)")
+    yield fused_add_rms_norm_backward_case(tk, 16384, 4096, "Llama-3.1-8B, 4x4096 tokens")
+    for rows, hidden, note in LAYER_NORM_SHAPES:
+        yield layer_norm_backward_case(tk, rows, hidden, note)
+    for shape in MODULATE_SHAPES[1:]:
+        yield from modulate_backward_cases(tk, *shape)
+    yield gated_add_backward_case(tk, 2, 8064, 2048, "LTX-Video 2B residual, 49 frames 512x768, CFG batch 2")
+
+
+def qk_norm_rope_backward_cases(tk, quick: bool) -> Iterator[Case]:
+    """The fused q/k norm + RoPE backward: Flux (per head, [1, 4608, 24, 128], fp32 tables [S, d]),
+    LTX-Video 2B (across heads, [2, 8064, 2048], fp32 tables and from coordinates), Qwen3-8B
+    (per head, q 32 and k 8 heads of 128, bf16 tables). Bytes: q, k and their output gradients
+    read, dq and dk written, the tables read."""
+    eps, bf16 = 1e-6, dict(device="cuda", dtype=torch.bfloat16)
+    q, k = torch.randn(1, 4608, 24, 128, **bf16), torch.randn(1, 4608, 24, 128, **bf16)
+    w = (torch.rand(128, device="cuda") + 0.5).to(torch.bfloat16)
+    angles = torch.rand(4608, 64, device="cuda") * 100
+    cos, sin = angles.cos().repeat_interleave(2, -1), angles.sin().repeat_interleave(2, -1)
+    c4, s4 = cos[None, :, None], sin[None, :, None]
+
+    def flux_eager(q, k, wq, wk):
+        rms = lambda x, w: torch.nn.functional.rms_norm(x, (x.shape[-1],), w, eps)  # noqa: E731
+        return diffusers_interleaved_rotary(rms(q, wq), c4, s4), diffusers_interleaved_rotary(rms(k, wk), c4, s4)
+
+    yield Case("qk_norm_rope (flux) backward", "1x4608x24x128", "bfloat16", 3 * nbytes(q, k) + nbytes(cos, sin),
+               backward_impls(lambda q, k, wq, wk: tk.qk_norm_rope(q, k, wq, wk, eps, cos, sin), flux_eager,
+                              (q, k, w, w),
+                              op=lambda: tk.ops.qk_norm_rope_backward(q, k, q, k, w, w, eps, cos[None], sin[None],
+                                                                      [True] * 4)),
+               note="Flux 1024x1024: norm_q, norm_k per head and apply_rotary_emb")
+    if quick:
+        return
+    q, k = torch.randn(2, 8064, 2048, **bf16), torch.randn(2, 8064, 2048, **bf16)
+    w = (torch.rand(2048, device="cuda") + 0.5).to(torch.bfloat16)
+    angles = torch.rand(2, 8064, 1024, device="cuda") * 100
+    cos, sin = angles.cos().repeat_interleave(2, -1), angles.sin().repeat_interleave(2, -1)
+    yield Case("qk_norm_rope (ltx) backward", "2x8064x2048", "bfloat16", 3 * nbytes(q, k) + nbytes(cos, sin),
+               backward_impls(lambda q, k, wq, wk: tk.ltx_qk_norm_rope(q, k, wq, wk, eps, cos, sin),
+                              lambda q, k, wq, wk: diffusers_qk_norm_rope(q, k, wq, wk, eps, cos, sin), (q, k, w, w),
+                              op=lambda: tk.ops.qk_norm_rope_backward(q[:, :, None], k[:, :, None], q[:, :, None],
+                                                                      k[:, :, None], w, w, eps, cos, sin, [True] * 4)),
+               note="LTX-Video 2B self-attention, 49 frames 512x768, CFG batch 2")
+    grid, freqs = torch.rand(2, 8064, 3, device="cuda"), torch.rand(2048 // 6, device="cuda") * 3
+    yield Case("qk_norm_rope (ltx from coords) backward", "2x8064x2048", "bfloat16", 3 * nbytes(q, k),
+               backward_impls(lambda q, k, wq, wk: tk.ltx_qk_norm_rope_from_coords(q, k, wq, wk, eps, grid, freqs),
+                              lambda q, k, wq, wk: diffusers_qk_norm_rope(q, k, wq, wk, eps, cos, sin), (q, k, w, w),
+                              op=lambda: tk.ops.ltx_qk_norm_rope_from_coords_backward(q, k, q, k, w, w, eps, grid,
+                                                                                      freqs, [True] * 4)),
+               note="cos/sin from grid and freqs in the kernel; the baselines read fp32 tables")
+    B, S, Hq, Hk, d = 1, 4096, 32, 8, 128
+    qkv = torch.randn(B, S, (Hq + 2 * Hk) * d, **bf16)
+    q, k = qkv[..., : Hq * d].unflatten(-1, (Hq, d)), qkv[..., Hq * d: (Hq + Hk) * d].unflatten(-1, (Hk, d))
+    wq = (torch.rand(d, device="cuda") + 0.5).to(torch.bfloat16)
+    angles = torch.randint(0, 32768, (B, S, 1), device="cuda").float() * torch.rand(d // 2, device="cuda")
+    hcos, hsin = (torch.cat((f, f), -1).to(torch.bfloat16) for f in (angles.cos(), angles.sin()))
+    yield Case("qk_norm_rope (qwen3) backward", f"{B}x{S} q{Hq} k{Hk} d{d}", "bfloat16",
+               3 * nbytes(q, k) + nbytes(hcos, hsin),
+               backward_impls(lambda q, k, wq, wk: tk.hf_qk_norm_rope(q, k, wq, wk, eps, hcos, hsin),
+                              lambda q, k, wq, wk: hf_qk_norm_rope(q, k, wq, wk, eps, hcos, hsin), (q, k, wq, wq),
+                              op=lambda: tk.ops.hf_qk_norm_rope_backward(q, k, q, k, wq, wq, eps, hcos, hsin,
+                                                                         [True] * 4)),
+               note="Qwen3-8B prefill 4096: q_norm, k_norm, apply_rotary_pos_emb")
+
+
 OPS = {"rms_norm": rms_norm_cases, "activation": activation_cases, "fused_add_rms_norm": fused_add_rms_norm_cases,
        "layer_norm": layer_norm_cases, "modulate": modulate_cases, "rope": rope_cases,
-       "linear_gelu": linear_gelu_cases, "group_norm": group_norm_cases, "group_norm_vae": group_norm_vae_cases}
+       "linear_gelu": linear_gelu_cases, "norm_backward": norm_backward_cases,
+       "qk_norm_rope_backward": qk_norm_rope_backward_cases, "group_norm": group_norm_cases,
+       "group_norm_vae": group_norm_vae_cases}
 
 
 

@@ -132,6 +132,41 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
     ops.impl("add_group_norm", key, &tk::add_group_norm);
     ops.impl("add_group_norm_out", key, &tk::add_group_norm_out);
   }
+
+  // ---- backward ops (norm family, gated_add, fused q/k norm + RoPE): the forward's inputs (or
+  // its saved h), the output gradients and output_mask; gradients not asked for come back empty.
+  ops.def("rms_norm_backward(Tensor grad_out, Tensor x, Tensor? weight, float eps, bool[2] output_mask)"
+          " -> (Tensor, Tensor)");
+  ops.def("fused_add_rms_norm_backward(Tensor grad_out, Tensor? grad_residual_out, Tensor residual_out,"
+          " Tensor? weight, float eps, bool[2] output_mask) -> (Tensor, Tensor)");
+  ops.def("layer_norm_backward(Tensor grad_out, Tensor x, Tensor? weight, Tensor? bias, float eps,"
+          " bool[3] output_mask) -> (Tensor, Tensor, Tensor)");
+  ops.def("norm_modulate_backward(Tensor grad_out, Tensor x, Tensor scale, Tensor? shift, Tensor? weight,"
+          " Tensor? bias, float eps, str norm, bool[5] output_mask) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  ops.def("gated_add_norm_modulate_backward(Tensor? grad_h, Tensor grad_out, Tensor h, Tensor y, Tensor? gate,"
+          " Tensor scale, Tensor? shift, Tensor? weight, Tensor? bias, float eps, str norm, bool[7] output_mask)"
+          " -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+  ops.def("gated_add_backward(Tensor grad_out, Tensor y, Tensor gate, bool[2] output_mask) -> (Tensor, Tensor)");
+  ops.def("qk_norm_rope_backward(Tensor grad_q_out, Tensor grad_k_out, Tensor q, Tensor k, Tensor q_weight,"
+          " Tensor k_weight, float eps, Tensor cos, Tensor sin, bool[4] output_mask)"
+          " -> (Tensor, Tensor, Tensor, Tensor)");
+  ops.def("hf_qk_norm_rope_backward(Tensor grad_q_out, Tensor grad_k_out, Tensor q, Tensor k, Tensor q_weight,"
+          " Tensor k_weight, float eps, Tensor cos, Tensor sin, bool[4] output_mask)"
+          " -> (Tensor, Tensor, Tensor, Tensor)");
+  ops.def("ltx_qk_norm_rope_from_coords_backward(Tensor grad_q_out, Tensor grad_k_out, Tensor q, Tensor k,"
+          " Tensor q_weight, Tensor k_weight, float eps, Tensor grid, Tensor freqs, bool[4] output_mask)"
+          " -> (Tensor, Tensor, Tensor, Tensor)");
+  for (const auto key : {torch::kCUDA, torch::kCPU}) {
+    ops.impl("rms_norm_backward", key, &tk::rms_norm_backward);
+    ops.impl("fused_add_rms_norm_backward", key, &tk::fused_add_rms_norm_backward);
+    ops.impl("layer_norm_backward", key, &tk::layer_norm_backward);
+    ops.impl("norm_modulate_backward", key, &tk::norm_modulate_backward);
+    ops.impl("gated_add_norm_modulate_backward", key, &tk::gated_add_norm_modulate_backward);
+    ops.impl("gated_add_backward", key, &tk::gated_add_backward);
+    ops.impl("qk_norm_rope_backward", key, &tk::qk_norm_rope_backward);
+    ops.impl("hf_qk_norm_rope_backward", key, &tk::hf_qk_norm_rope_backward);
+    ops.impl("ltx_qk_norm_rope_from_coords_backward", key, &tk::ltx_qk_norm_rope_from_coords_backward);
+  }
 }
 
 REGISTER_EXTENSION(TORCH_EXTENSION_NAME)

@@ -5,6 +5,7 @@
 
 #include <torch/torch.h>
 
+#include <array>
 #include <optional>
 #include <string_view>
 #include <tuple>
@@ -112,6 +113,56 @@ void linear_gelu_out(torch::Tensor& out, const torch::Tensor& x, const torch::Te
 // Whether linear_gelu(x, weight, bias) runs as one cuBLASLt matmul with the GELU epilogue here
 // (else it takes the separate GEMM and activation); a host query, for tests and benchmarks.
 bool linear_gelu_fused(const torch::Tensor& x, const torch::Tensor& weight, const OptTensor& bias);
+// ---- backward ops of the norm family, gated_add and the fused q/k norm + RoPE
+// (csrc/norm/norm_backward.cu, csrc/rope/qk_norm_rope_backward.cu) ----
+// Each takes the forward's inputs (or its saved h output), the gradients of its outputs, and
+// output_mask: which gradients to compute; those not asked for (or of an absent parameter) come
+// back as empty 1-D tensors. The row statistics are recomputed from x.
+// -> (grad_x, grad_weight)
+std::tuple<torch::Tensor, torch::Tensor> rms_norm_backward(const torch::Tensor& grad_out, const torch::Tensor& x,
+                                                           const OptTensor& weight, double eps,
+                                                           std::array<bool, 2> output_mask);
+// -> (grad of x and of residual: one tensor, grad_weight); residual_out is the forward's h
+std::tuple<torch::Tensor, torch::Tensor> fused_add_rms_norm_backward(const torch::Tensor& grad_out,
+                                                                     const OptTensor& grad_residual_out,
+                                                                     const torch::Tensor& residual_out,
+                                                                     const OptTensor& weight, double eps,
+                                                                     std::array<bool, 2> output_mask);
+// -> (grad_x, grad_weight, grad_bias)
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> layer_norm_backward(const torch::Tensor& grad_out,
+                                                                            const torch::Tensor& x,
+                                                                            const OptTensor& weight,
+                                                                            const OptTensor& bias, double eps,
+                                                                            std::array<bool, 3> output_mask);
+// -> (grad_x, grad_scale, grad_shift, grad_weight, grad_bias), parameter gradients in their shapes
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> norm_modulate_backward(
+    const torch::Tensor& grad_out, const torch::Tensor& x, const torch::Tensor& scale, const OptTensor& shift,
+    const OptTensor& weight, const OptTensor& bias, double eps, std::string_view norm,
+    std::array<bool, 5> output_mask);
+// h: the forward's h output. -> (grad_x, grad_y (empty without a gate: it is grad_x),
+// grad_gate, grad_scale, grad_shift, grad_weight, grad_bias)
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor>
+gated_add_norm_modulate_backward(const OptTensor& grad_h, const torch::Tensor& grad_out, const torch::Tensor& h,
+                                 const torch::Tensor& y, const OptTensor& gate, const torch::Tensor& scale,
+                                 const OptTensor& shift, const OptTensor& weight, const OptTensor& bias, double eps,
+                                 std::string_view norm, std::array<bool, 7> output_mask);
+// out = x + gate * y: grad_x is grad_out itself. -> (grad_y, grad_gate)
+std::tuple<torch::Tensor, torch::Tensor> gated_add_backward(const torch::Tensor& grad_out, const torch::Tensor& y,
+                                                            const torch::Tensor& gate,
+                                                            std::array<bool, 2> output_mask);
+// The fused q/k norm + RoPE ops' backward. -> (grad_q, grad_k, grad_q_weight, grad_k_weight)
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> qk_norm_rope_backward(
+    const torch::Tensor& grad_q_out, const torch::Tensor& grad_k_out, const torch::Tensor& q, const torch::Tensor& k,
+    const torch::Tensor& q_weight, const torch::Tensor& k_weight, double eps, const torch::Tensor& cos,
+    const torch::Tensor& sin, std::array<bool, 4> output_mask);
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> hf_qk_norm_rope_backward(
+    const torch::Tensor& grad_q_out, const torch::Tensor& grad_k_out, const torch::Tensor& q, const torch::Tensor& k,
+    const torch::Tensor& q_weight, const torch::Tensor& k_weight, double eps, const torch::Tensor& cos,
+    const torch::Tensor& sin, std::array<bool, 4> output_mask);
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> ltx_qk_norm_rope_from_coords_backward(
+    const torch::Tensor& grad_q_out, const torch::Tensor& grad_k_out, const torch::Tensor& q, const torch::Tensor& k,
+    const torch::Tensor& q_weight, const torch::Tensor& k_weight, double eps, const torch::Tensor& grid,
+    const torch::Tensor& freqs, std::array<bool, 4> output_mask);
 
 // ---- GroupNorm (csrc/group_norm/group_norm.cu) ----
 // x: [N, C, *spatial], channels-first (NCHW, NCDHW) or channels-last (NHWC, NDHWC), any batch stride;

@@ -16,6 +16,7 @@ from typing import Optional
 import torch
 
 from ._ops import add_op_namespace_prefix, ops
+from .norm import refuse_grad
 
 ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
 
@@ -88,6 +89,7 @@ def gated_add(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, out: Optiona
     to ``x`` (``[D]``, ``[B, 1, D]``, ``[B, S, D]``, or strided views)."""
     if out is None:
         return _gated_add_op(x, y, gate)
+    refuse_grad("gated_add", "out= form", x, y, gate)  # the functional form has the backward (norm.py)
     _gated_add_out_op(out, x, y, gate)
     return out
 

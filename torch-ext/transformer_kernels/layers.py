@@ -48,7 +48,7 @@ class RMSNorm(torch.nn.Module):
 
     weight: torch.Tensor
     can_torch_compile: bool = True
-    has_backward: bool = False
+    has_backward: bool = True  # rms_norm / layer_norm have a backward (norm.py)
 
     @_any_channel_stride
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -74,7 +74,7 @@ class LayerNorm(torch.nn.Module):
     weight: torch.Tensor
     bias: torch.Tensor
     can_torch_compile: bool = True
-    has_backward: bool = False
+    has_backward: bool = True  # rms_norm / layer_norm have a backward (norm.py)
 
     @_any_channel_stride
     def forward(self, input: torch.Tensor) -> torch.Tensor:

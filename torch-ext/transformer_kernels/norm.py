@@ -1,4 +1,4 @@
-"""Normalization ops: Python API and fake (meta) implementations.
+"""Normalization ops: Python API, fake (meta) implementations and autograd.
 
 Every op computes in fp32 and reproduces the rounding of the eager code it replaces. Tensors:
 x ``[..., hidden]`` CUDA float32/float16/bfloat16 with a contiguous last dimension (leading
@@ -13,6 +13,13 @@ fewer than two rows per SM, so such a row's last bits can change with the batch 
 threshold and with the GPU's SM count; and operands that are not 16-byte aligned (pointer or row
 stride) take the element-by-element path, which sums in another order than the vectorized one
 (tests/test_reliability_determinism.py).
+
+Training: the functional forms have a backward (CUDA kernels; the row statistics are recomputed
+from x in the backward, so the forward is the inference kernel), under eager and
+``torch.compile``. The in-place form and the ``out=`` forms have none: with grad enabled and an
+input that requires grad they raise instead of dropping the gradient. ``gated_add``'s autograd
+(an activation-family op whose backward is the modulations' broadcast reduction) is registered
+here too.
 """
 
 from typing import Optional, Tuple
@@ -23,6 +30,30 @@ from ._ops import add_op_namespace_prefix, ops
 
 ROUNDINGS = ("hf", "diffusers", "torch")
 NORMS = ("rms", "layer")
+
+
+_below_autograd = torch._C._AutoDispatchBelowAutograd
+
+
+def dispatch(op, *args):
+    """op(*args), below the Autograd key when autograd has nothing to record (eager code with grad
+    off, or no tensor argument requiring grad): the Python autograd kernel that register_autograd
+    installs costs several µs a call even then, which host-bound decode pays for every op. Under
+    torch.compile the op is traced as it is, autograd included."""
+    if torch.compiler.is_compiling() or (
+            torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)):
+        return op(*args)
+    with _below_autograd():
+        return op(*args)
+
+
+def refuse_grad(op: str, form: str, *tensors: Optional[torch.Tensor]) -> None:
+    """Raises for a form without a backward (in place, ``out=``) called where autograd would need
+    one: grad enabled and an input that requires grad. Never a silently dropped gradient."""
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        raise RuntimeError(
+            f"{op}: the {form} has no backward, and an input requires grad; call the functional form "
+            f"(no out=, not in place) to train through it, or run under torch.no_grad()")
 
 
 def rms_norm_out_dtype(x: torch.Tensor, weight: Optional[torch.Tensor], rounding: str) -> torch.dtype:
@@ -78,7 +109,8 @@ def rms_norm(
         ``out``.
     """
     if out is None:  # allocated in C++: a Python-side torch.empty costs as much as the kernel launch
-        return _rms_norm(x, weight, eps, rounding)
+        return dispatch(_rms_norm, x, weight, eps, rounding)
+    refuse_grad("rms_norm", "out= form", x, weight)
     _rms_norm_out(out, x, weight, eps, rounding)
     return out
 
@@ -102,11 +134,12 @@ def fused_add_rms_norm(
     (out, residual_out)
     """
     if out is None and residual_out is None:
-        return _fused_add_rms_norm(x, residual, weight, eps, rounding)
+        return dispatch(_fused_add_rms_norm, x, residual, weight, eps, rounding)
     if out is None:
         out = torch.empty(x.shape, dtype=rms_norm_out_dtype(x, weight, rounding), device=x.device)
     if residual_out is None:
         residual_out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    refuse_grad("fused_add_rms_norm", "out= form", x, residual, weight)
     _fused_add_rms_norm_out(out, residual_out, x, residual, weight, eps, rounding)
     return out, residual_out
 
@@ -120,13 +153,16 @@ def fused_add_rms_norm_(
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """In place, with vLLM's semantics: ``residual <- x + residual``, ``x <- rms_norm(residual)``.
 
-    The output must have x's dtype (so an fp32 weight needs ``rounding="torch"``).
+    The output must have x's dtype (so an fp32 weight needs ``rounding="torch"``). Inference only:
+    with grad enabled and an input that requires grad it raises (``fused_add_rms_norm`` has the
+    backward).
 
     Returns
     -------
     (x, residual)
         The two inputs, overwritten.
     """
+    refuse_grad("fused_add_rms_norm_", "in-place form", x, residual, weight)
     _fused_add_rms_norm_(x, residual, weight, eps, rounding)
     return x, residual
 
@@ -144,7 +180,8 @@ def layer_norm(
     and rounded once to x's dtype.
     """
     if out is None:
-        return _layer_norm(x, weight, bias, eps)
+        return dispatch(_layer_norm, x, weight, bias, eps)
+    refuse_grad("layer_norm", "out= form", x, weight, bias)
     _layer_norm_out(out, x, weight, bias, eps)
     return out
 
@@ -166,7 +203,8 @@ def norm_modulate(
     ``round(round(round(norm(x)) * round(1 + scale)) + shift)``.
     """
     if out is None:
-        return _norm_modulate(x, scale, shift, weight, bias, eps, norm)
+        return dispatch(_norm_modulate, x, scale, shift, weight, bias, eps, norm)
+    refuse_grad("norm_modulate", "out= form", x, scale, shift, weight, bias)
     _norm_modulate_out(out, x, scale, shift, weight, bias, eps, norm)
     return out
 
@@ -196,11 +234,12 @@ def gated_add_norm_modulate(
         The new residual stream and the modulated norm of it.
     """
     if h_out is None and out is None:
-        return _gated_add_norm_modulate(x, y, gate, scale, shift, weight, bias, eps, norm)
+        return dispatch(_gated_add_norm_modulate, x, y, gate, scale, shift, weight, bias, eps, norm)
     if h_out is None:
         h_out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if out is None:
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    refuse_grad("gated_add_norm_modulate", "out= form", x, y, gate, scale, shift, weight, bias)
     _gated_add_norm_modulate_out(h_out, out, x, y, gate, scale, shift, weight, bias, eps, norm)
     return h_out, out
 
@@ -297,3 +336,178 @@ def _(h_out, out, x, y, gate, scale, shift, weight, bias, eps, norm):
     _check_choice("gated_add_norm_modulate", "norm", norm, NORMS)
     _check_out("gated_add_norm_modulate", "h_out", h_out, x, x.dtype)
     _check_out("gated_add_norm_modulate", "out", out, x, x.dtype)
+
+
+# ---- training: the backward ops (fake implementations) and the autograd of the functional forms ----
+
+_rms_norm_backward = ops.rms_norm_backward.default
+_fused_add_rms_norm_backward = ops.fused_add_rms_norm_backward.default
+_layer_norm_backward = ops.layer_norm_backward.default
+_norm_modulate_backward = ops.norm_modulate_backward.default
+_gated_add_norm_modulate_backward = ops.gated_add_norm_modulate_backward.default
+_gated_add_backward = ops.gated_add_backward.default
+
+
+def grad_rows(grad: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """An incoming gradient as the backward kernels read it: rows of unit stride (leading dims any
+    stride). Autograd may hand an expanded one (a sum's backward: stride 0 everywhere); that one is
+    copied once here."""
+    if grad is None or grad.dim() == 0 or grad.size(-1) <= 1 or grad.stride(-1) == 1:
+        return grad
+    return grad.contiguous()
+
+
+def grad_or_zeros(grad: Optional[torch.Tensor], like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The gradient of an output, zeros where autograd passes none (an output not used)."""
+    return grad if grad is not None else like.new_zeros(like.shape, dtype=dtype)
+
+
+def _not_asked(x: torch.Tensor) -> torch.Tensor:
+    return x.new_empty((0,))
+
+
+def _grad_like(asked: bool, t: Optional[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """A backward op's gradient of t (t's shape and dtype, contiguous), or the empty placeholder."""
+    return t.new_empty(t.shape) if asked and t is not None else _not_asked(x)
+
+
+@torch.library.register_fake(add_op_namespace_prefix("rms_norm_backward"))
+def _(grad_out, x, weight, eps, output_mask):
+    return _grad_like(output_mask[0], x, x), _grad_like(output_mask[1], weight, x)
+
+
+@torch.library.register_fake(add_op_namespace_prefix("fused_add_rms_norm_backward"))
+def _(grad_out, grad_residual_out, residual_out, weight, eps, output_mask):
+    return _grad_like(output_mask[0], residual_out, residual_out), _grad_like(output_mask[1], weight, residual_out)
+
+
+@torch.library.register_fake(add_op_namespace_prefix("layer_norm_backward"))
+def _(grad_out, x, weight, bias, eps, output_mask):
+    return (_grad_like(output_mask[0], x, x), _grad_like(output_mask[1], weight, x),
+            _grad_like(output_mask[2], bias, x))
+
+
+@torch.library.register_fake(add_op_namespace_prefix("norm_modulate_backward"))
+def _(grad_out, x, scale, shift, weight, bias, eps, norm, output_mask):
+    _check_choice("norm_modulate_backward", "norm", norm, NORMS)
+    return tuple(_grad_like(asked, t, x) for asked, t in zip(output_mask, (x, scale, shift, weight, bias)))
+
+
+@torch.library.register_fake(add_op_namespace_prefix("gated_add_norm_modulate_backward"))
+def _(grad_h, grad_out, h, y, gate, scale, shift, weight, bias, eps, norm, output_mask):
+    _check_choice("gated_add_norm_modulate_backward", "norm", norm, NORMS)
+    # Without a gate y's gradient is x's: x's is computed for either, y's slot stays empty.
+    dx = _grad_like(output_mask[0] or (output_mask[1] and gate is None), h, h)
+    dy = _grad_like(output_mask[1] and gate is not None, h, h)
+    rest = (_grad_like(asked, t, h) for asked, t in zip(output_mask[2:], (gate, scale, shift, weight, bias)))
+    return (dx, dy, *rest)
+
+
+@torch.library.register_fake(add_op_namespace_prefix("gated_add_backward"))
+def _(grad_out, y, gate, output_mask):
+    return _grad_like(output_mask[0], grad_out, grad_out), _grad_like(output_mask[1], gate, grad_out)
+
+
+def _rms_norm_setup(ctx, inputs, output):
+    x, weight, eps, _ = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.eps = eps
+
+
+def _rms_norm_bwd(ctx, grad):
+    x, weight = ctx.saved_tensors
+    need_x, need_w = ctx.needs_input_grad[:2]
+    if grad is None:
+        return None, None, None, None
+    dx, dw = _rms_norm_backward(grad_rows(grad), x, weight, ctx.eps, [need_x, need_w])
+    return dx if need_x else None, dw if need_w else None, None, None
+
+
+def _fused_add_rms_norm_setup(ctx, inputs, output):
+    _, _, weight, eps, _ = inputs
+    ctx.save_for_backward(output[1], weight)  # h = x + residual: the normalized input, an output
+    ctx.eps, ctx.out_dtype = eps, output[0].dtype
+
+
+def _fused_add_rms_norm_bwd(ctx, grad_out, grad_h):
+    h, weight = ctx.saved_tensors
+    need_x, need_res, need_w = ctx.needs_input_grad[:3]
+    grad_out = grad_or_zeros(grad_out, h, ctx.out_dtype)
+    dh, dw = _fused_add_rms_norm_backward(grad_rows(grad_out), grad_rows(grad_h), h, weight, ctx.eps,
+                                          [need_x or need_res, need_w])
+    return dh if need_x else None, dh if need_res else None, dw if need_w else None, None, None
+
+
+def _layer_norm_setup(ctx, inputs, output):
+    x, weight, bias, eps = inputs
+    ctx.save_for_backward(x, weight, bias)
+    ctx.eps = eps
+
+
+def _layer_norm_bwd(ctx, grad):
+    x, weight, bias = ctx.saved_tensors
+    mask = list(ctx.needs_input_grad[:3])
+    if grad is None:
+        return None, None, None, None
+    grads = _layer_norm_backward(grad_rows(grad), x, weight, bias, ctx.eps, mask)
+    return (*(g if asked else None for g, asked in zip(grads, mask)), None)
+
+
+def _norm_modulate_setup(ctx, inputs, output):
+    x, scale, shift, weight, bias, eps, norm = inputs
+    ctx.save_for_backward(x, scale, shift, weight, bias)
+    ctx.eps, ctx.norm = eps, norm
+
+
+def _norm_modulate_bwd(ctx, grad):
+    x, scale, shift, weight, bias = ctx.saved_tensors
+    mask = list(ctx.needs_input_grad[:5])
+    if grad is None:
+        return (None,) * 7
+    grads = _norm_modulate_backward(grad_rows(grad), x, scale, shift, weight, bias, ctx.eps, ctx.norm, mask)
+    return (*(g if asked else None for g, asked in zip(grads, mask)), None, None)
+
+
+def _gated_add_norm_modulate_setup(ctx, inputs, output):
+    _, y, gate, scale, shift, weight, bias, eps, norm = inputs
+    ctx.save_for_backward(output[0], y, gate, scale, shift, weight, bias)  # output[0]: h, the normalized input
+    ctx.eps, ctx.norm = eps, norm
+
+
+def _gated_add_norm_modulate_bwd(ctx, grad_h, grad_out):
+    h, y, gate, scale, shift, weight, bias = ctx.saved_tensors
+    mask = list(ctx.needs_input_grad[:7])
+    grad_out = grad_or_zeros(grad_out, h, h.dtype)
+    dx, dy, *rest = _gated_add_norm_modulate_backward(grad_rows(grad_h), grad_rows(grad_out), h, y, gate, scale,
+                                                      shift, weight, bias, ctx.eps, ctx.norm, mask)
+    if gate is None:  # h = x + y: y's gradient is x's
+        dy = dx
+    return (*(g if asked else None for g, asked in zip((dx, dy, *rest), mask)), None, None)
+
+
+def _gated_add_setup(ctx, inputs, output):
+    _, y, gate = inputs
+    ctx.save_for_backward(y, gate)
+
+
+def _gated_add_bwd(ctx, grad):
+    y, gate = ctx.saved_tensors
+    need_x, need_y, need_gate = ctx.needs_input_grad[:3]
+    if grad is None:
+        return None, None, None
+    dy = dgate = None
+    if need_y or need_gate:
+        dy, dgate = _gated_add_backward(grad_rows(grad), y, gate, [need_y, need_gate])
+    return grad if need_x else None, dy if need_y else None, dgate if need_gate else None
+
+
+torch.library.register_autograd(add_op_namespace_prefix("rms_norm"), _rms_norm_bwd, setup_context=_rms_norm_setup)
+torch.library.register_autograd(add_op_namespace_prefix("fused_add_rms_norm"), _fused_add_rms_norm_bwd,
+                                setup_context=_fused_add_rms_norm_setup)
+torch.library.register_autograd(add_op_namespace_prefix("layer_norm"), _layer_norm_bwd,
+                                setup_context=_layer_norm_setup)
+torch.library.register_autograd(add_op_namespace_prefix("norm_modulate"), _norm_modulate_bwd,
+                                setup_context=_norm_modulate_setup)
+torch.library.register_autograd(add_op_namespace_prefix("gated_add_norm_modulate"), _gated_add_norm_modulate_bwd,
+                                setup_context=_gated_add_norm_modulate_setup)
+torch.library.register_autograd(add_op_namespace_prefix("gated_add"), _gated_add_bwd, setup_context=_gated_add_setup)

@@ -25,6 +25,13 @@ calls ``rope_cached_``); each of those names its op in its docstring.
   k ``[T, Hk*d]``, R <= d.
 - ``flux_rope``: diffusers' Flux ``apply_rotary_emb`` (``use_real_unbind_dim=-1``) on q and k
   ``[B, S, H, d]`` with fp32 cos/sin ``[S, d]``: interleaved pairs per head, fp32 math.
+
+Training: the fused q/k norm + RoPE ops (``qk_norm_rope``, ``ltx_qk_norm_rope``,
+``hf_qk_norm_rope``, ``ltx_qk_norm_rope_from_coords``) have a backward for q, k and the two norm
+weights (the inverse rotation, then the RMSNorm backward per row, statistics recomputed from q
+and k). The tables, the coordinates and the frequencies get none: they are built without grad by
+the models; one that requires grad raises. ``hf_qk_norm_rope(out=...)`` has no backward and raises
+where one would be needed.
 """
 
 from typing import Optional, Tuple
@@ -32,6 +39,7 @@ from typing import Optional, Tuple
 import torch
 
 from ._ops import add_op_namespace_prefix, ops
+from .norm import dispatch, grad_or_zeros, grad_rows, refuse_grad
 
 STYLES = ("neox", "interleaved")
 
@@ -77,7 +85,7 @@ def ltx_qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k
     """LTX-Video's ``attn.norm_q(q)``, ``attn.norm_k(k)`` (``torch.nn.RMSNorm`` over all heads) and
     ``apply_rotary_emb`` in one pass. q, k ``[B, S, C]``; weights ``[C]``; fp32 cos/sin ``[B, S, C]``.
     Returns new tensors. Op: ``qk_norm_rope`` (the whole hidden as one head)."""
-    q_out, k_out = _qk_norm_rope(q.unsqueeze(2), k.unsqueeze(2), q_weight, k_weight, eps, cos, sin)
+    q_out, k_out = dispatch(_qk_norm_rope, q.unsqueeze(2), k.unsqueeze(2), q_weight, k_weight, eps, cos, sin)
     return q_out.squeeze(2), k_out.squeeze(2)
 
 
@@ -85,7 +93,7 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
                  cos: torch.Tensor, sin: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """Flux's per-head ``norm_q``/``norm_k`` (``torch.nn.RMSNorm`` over d) and ``apply_rotary_emb`` in
     one pass. q, k ``[B, S, H, d]``; weights ``[d]``; fp32 cos/sin ``[S, d]``. Returns new tensors."""
-    return _qk_norm_rope(q, k, q_weight, k_weight, eps, cos.unsqueeze(0), sin.unsqueeze(0))
+    return dispatch(_qk_norm_rope, q, k, q_weight, k_weight, eps, cos.unsqueeze(0), sin.unsqueeze(0))
 
 
 def hf_qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float,
@@ -124,9 +132,10 @@ def hf_qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_
         attention takes, as in eager.
     """
     if out is None:
-        return _hf_qk_norm_rope(q, k, q_weight, k_weight, eps, cos, sin)
+        return dispatch(_hf_qk_norm_rope, q, k, q_weight, k_weight, eps, cos, sin)
     if not isinstance(out, (tuple, list)) or len(out) != 2:
         raise TypeError(f"hf_qk_norm_rope: out must be a (q_out, k_out) pair of tensors, got {type(out).__name__}")
+    refuse_grad("hf_qk_norm_rope", "out= form", q, k, q_weight, k_weight, cos, sin)
     _hf_qk_norm_rope_out(out[0], out[1], q, k, q_weight, k_weight, eps, cos, sin)
     return out[0], out[1]
 
@@ -185,7 +194,7 @@ def ltx_qk_norm_rope_from_coords(q: torch.Tensor, k: torch.Tensor, q_weight: tor
     tuple of torch.Tensor
         New contiguous ``(q_out, k_out)``.
     """
-    return _ltx_qk_norm_rope_from_coords(q, k, q_weight, k_weight, eps, grid, freqs)
+    return dispatch(_ltx_qk_norm_rope_from_coords, q, k, q_weight, k_weight, eps, grid, freqs)
 
 
 def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, head_size: int,
@@ -281,3 +290,57 @@ def _(q, k, grid, freqs):
 @torch.library.register_fake(add_op_namespace_prefix("ltx_qk_norm_rope_from_coords"))
 def _(q, k, q_weight, k_weight, eps, grid, freqs):
     return q.new_empty(q.shape), k.new_empty(k.shape)
+
+
+# ---- training: the fused q/k norm + RoPE backward ops (fake implementations) and autograd ----
+
+_qk_norm_rope_backward = ops.qk_norm_rope_backward.default
+_hf_qk_norm_rope_backward = ops.hf_qk_norm_rope_backward.default
+_ltx_qk_norm_rope_from_coords_backward = ops.ltx_qk_norm_rope_from_coords_backward.default
+
+
+def _qk_backward_fake(grad_q_out, grad_k_out, q, k, q_weight, k_weight, eps, cos_or_grid, sin_or_freqs, output_mask):
+    def grad(asked, t):
+        return t.new_empty(t.shape) if asked else q.new_empty((0,))
+
+    return grad(output_mask[0], q), grad(output_mask[1], k), grad(output_mask[2], q_weight), grad(output_mask[3], k_weight)
+
+
+for _name in ("qk_norm_rope_backward", "hf_qk_norm_rope_backward", "ltx_qk_norm_rope_from_coords_backward"):
+    torch.library.register_fake(add_op_namespace_prefix(_name), _qk_backward_fake)
+
+
+def _qk_norm_rope_setup(op: str, what: Tuple[str, str]):
+    """setup_context of a fused q/k norm + RoPE op: saves the inputs; refuses a gradient for the
+    tables (or coordinates), which the backward does not compute."""
+
+    def setup(ctx, inputs, output):
+        q, k, q_weight, k_weight, eps, a, b = inputs
+        if ctx.needs_input_grad[5] or ctx.needs_input_grad[6]:
+            raise RuntimeError(f"{op}: no gradient for {what[0]} and {what[1]} (the models build them without "
+                               f"grad); detach them, or use the eager code")
+        ctx.save_for_backward(q, k, q_weight, k_weight, a, b)
+        ctx.eps = eps
+
+    return setup
+
+
+def _qk_norm_rope_bwd(backward_op):
+    def backward(ctx, grad_q, grad_k):
+        q, k, q_weight, k_weight, a, b = ctx.saved_tensors
+        mask = list(ctx.needs_input_grad[:4])
+        grad_q, grad_k = grad_or_zeros(grad_q, q, q.dtype), grad_or_zeros(grad_k, k, k.dtype)
+        grads = backward_op(grad_rows(grad_q), grad_rows(grad_k), q, k, q_weight, k_weight, ctx.eps, a, b, mask)
+        return (*(g if asked else None for g, asked in zip(grads, mask)), None, None, None)
+
+    return backward
+
+
+torch.library.register_autograd(add_op_namespace_prefix("qk_norm_rope"), _qk_norm_rope_bwd(_qk_norm_rope_backward),
+                                setup_context=_qk_norm_rope_setup("qk_norm_rope", ("cos", "sin")))
+torch.library.register_autograd(add_op_namespace_prefix("hf_qk_norm_rope"),
+                                _qk_norm_rope_bwd(_hf_qk_norm_rope_backward),
+                                setup_context=_qk_norm_rope_setup("hf_qk_norm_rope", ("cos", "sin")))
+torch.library.register_autograd(add_op_namespace_prefix("ltx_qk_norm_rope_from_coords"),
+                                _qk_norm_rope_bwd(_ltx_qk_norm_rope_from_coords_backward),
+                                setup_context=_qk_norm_rope_setup("ltx_qk_norm_rope_from_coords", ("grid", "freqs")))
