@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from reference.activations import eager_act_and_mul, eager_act_mul, eager_activation, eager_gated_add
+from reference.group_norm import eager_group_norm
 from reference.norms import RMS_NORM_EAGER, diffusers_norm_modulate, ltx_gated_add_norm_modulate
 from reference.rope import (
     diffusers_qk_norm_rope,
@@ -104,6 +105,9 @@ IMPLS = {
         q.unsqueeze(2), k.unsqueeze(2), *_tables(grid, freqs, q.shape[-1]), "interleaved", True)),
     "linear_gelu": lambda x, w, b: F.gelu(F.linear(x, w, b), approximate="tanh"),
     "linear_gelu_fused": lambda x, w, b: False,  # (a host query: the eager pair is never fused)
+    "group_norm": lambda x, g, w, b, eps, act: eager_group_norm(x, g, w, b, eps, None if act == "none" else act),
+    "add_group_norm": lambda x, bnc, g, w, b, eps, act: eager_group_norm(x, g, w, b, eps, None if act == "none" else act,
+                                                                      bias_nc=bnc),
     "ltx_qk_norm_rope_from_coords": lambda q, k, qw, kw, eps, grid, freqs: diffusers_qk_norm_rope(
         q, k, qw, kw, eps, *_tables(grid, freqs, q.shape[-1])),
 }

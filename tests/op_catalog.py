@@ -485,11 +485,59 @@ def _loss_entries():
     }
 
 
+# ---- GroupNorm: x [N, C, *spatial] channels-first or channels-last ----
+
+# case -> (x's shape, groups, layout): whole groups, split groups (chunk moments combined inline, or by
+# the finalize kernel past 32 chunks), the element-by-element path (odd spatial, misaligned), and
+# channels-last ([N, C, L] for "strided": the channel stride is 1, the tensor not contiguous).
+GROUP_NORM_SHAPES = {
+    "small": ((2, 16, 4, 4), 4, "channels_first"),
+    "aligned": ((2, 64, 16, 16), 8, "channels_first"),
+    "wide": ((1, 64, 64, 64), 4, "channels_first"),
+    "odd": ((2, 6, 5, 7), 3, "channels_first"),
+    "unaligned": ((2, 16, 8, 8), 4, "offset"),
+    "strided": ((2, 40, 36), 8, "channels_last"),
+    "split": ((1, 8, 256, 256), 1, "channels_first"),
+    "split_vec": ((1, 64, 48, 48), 8, "channels_last"),
+    "empty": ((0, 16, 4, 4), 4, "channels_first"),
+    "empty_width": ((2, 16, 0, 4), 4, "channels_first"),
+}
+
+
+def _gn_place(m: Maker, values: torch.Tensor, layout: str) -> torch.Tensor:
+    if layout == "channels_last":
+        return m.place(values.movedim(1, -1).contiguous()).movedim(-1, 1)
+    return m.place(values, "offset" if layout == "offset" else "contiguous")
+
+
+def _group_norm_entries():
+    def gn(affine: bool, add: bool, out: bool, activation: str):
+        def build(m, case):
+            shape, groups, layout = GROUP_NORM_SHAPES[case]
+            c = shape[1]
+            x = _gn_place(m, m.values(shape), layout)
+            w, b = (m.param(c), m.tensor((c,), scale=0.5, offset=0.0)) if affine else (None, None)
+            args = ((x, m.tensor((shape[0], c), scale=0.5)) if add else (x,)) + (groups, w, b, EPS, activation)
+            if not out:
+                return args, ()
+            dst = _gn_place(m, torch.full(shape, float("nan")), layout)
+            return (dst, *args), (0,)
+        return build
+
+    return {
+        "group_norm": ("group_norm", gn(True, False, False, "silu")),
+        "group_norm[plain]": ("group_norm", gn(False, False, False, "none")),
+        "group_norm_out": ("group_norm_out", gn(True, False, True, "none")),
+        "add_group_norm": ("add_group_norm", gn(True, True, False, "silu")),
+        "add_group_norm_out": ("add_group_norm_out", gn(False, True, True, "silu")),
+    }
+
+
 # Ops that launch nothing (host queries): covered by the rest of their family.
 QUERY_OPS = ("linear_gelu_fused",)
 
 FAMILIES = {"norm": _norm_entries(), "activation": _activation_entries(), "rope": _rope_entries(),
-            "gemm": _gemm_entries(), "loss": _loss_entries()}
+            "gemm": _gemm_entries(), "loss": _loss_entries(), "group_norm": _group_norm_entries()}
 ENTRIES: dict[str, tuple[str, str, Callable]] = {
     name: (family, op, build) for family, entries in FAMILIES.items() for name, (op, build) in entries.items()
 }
@@ -498,7 +546,7 @@ COVERED_OPS = sorted({op for _, op, _ in ENTRIES.values()} | set(QUERY_OPS))
 
 def cases_of(name: str) -> tuple[str, ...]:
     family = ENTRIES[name][0]
-    shapes = ROPE_SHAPES if family == "rope" else ROW_SHAPES
+    shapes = {"rope": ROPE_SHAPES, "group_norm": GROUP_NORM_SHAPES}.get(family, ROW_SHAPES)
     return tuple(c for c in CASES if c in shapes and (family != "loss" or c in LOSS_CASES))
 
 

@@ -257,6 +257,26 @@ def _cases():
     c["fused_linear_cross_entropy_backward"] = (lm_head_inputs, lambda tk, t: (
         tk.ops.fused_linear_cross_entropy_backward.default(t["g"], t["h"], t["w"], t["t"], None, -100, "none", 0.0,
                                                            None, [True, True, False], 0)[:2]))
+
+    # GroupNorm (SD resnets): whole groups, split groups (inline and finalize-kernel combine),
+    # channels-last (three kernels), the time add; the statistics workspace comes from the graph's pool
+    def gn_inputs(n, c_, h, w):
+        return lambda: {"x": _rand(n, c_, h, w), "xl": _rand(n, h, w, c_).permute(0, 3, 1, 2), "temb": _rand(n, c_),
+                        "w": _rand(c_, scale=0.2), "b": _rand(c_, scale=0.2)}
+
+    for label, shape in [("whole", (64, 64, 8, 8)), ("split", (2, 320, 64, 64)), ("finalize", (1, 128, 256, 256))]:
+        c[f"group_norm/{label}"] = (gn_inputs(*shape), lambda tk, t: (tk.ops.group_norm.default(
+            t["x"], 32, t["w"], t["b"], 1e-5, "silu"),))
+    c["group_norm/channels_last"] = (gn_inputs(2, 320, 64, 64), lambda tk, t: (tk.ops.group_norm.default(
+        t["xl"], 32, t["w"], t["b"], 1e-5, "silu"),))
+    c["group_norm_out"] = (gn_inputs(2, 320, 32, 32), lambda tk, t: _out(lambda o: tk.ops.group_norm_out.default(
+        o, t["x"], 32, None, None, 1e-6, "none"), t["x"]))
+    c["add_group_norm"] = (gn_inputs(2, 320, 64, 64), lambda tk, t: (tk.ops.add_group_norm.default(
+        t["x"], t["temb"], 32, t["w"], t["b"], 1e-5, "silu"),))
+    c["add_group_norm/channels_last"] = (gn_inputs(2, 640, 32, 32), lambda tk, t: (tk.ops.add_group_norm.default(
+        t["xl"], t["temb"], 32, t["w"], t["b"], 1e-5, "silu"),))
+    c["add_group_norm_out"] = (gn_inputs(2, 320, 32, 32), lambda tk, t: _out(lambda o: tk.ops.add_group_norm_out.default(
+        o, t["x"], t["temb"], 32, t["w"], t["b"], 1e-5, "silu"), t["x"]))
     return c
 
 

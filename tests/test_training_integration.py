@@ -154,7 +154,8 @@ def test_layer_flags_follow_the_ops(tk):
     Mode.TRAINING then picks it)."""
     layer_ops = {"RMSNorm": ["rms_norm"], "LayerNorm": ["layer_norm"], "Silu": ["activation"],
                  "Gelu": ["activation"], "GeluTanh": ["activation"], "SiluAndMul": ["act_and_mul"],
-                 "GeluAndMul": ["act_and_mul"], "GeluTanhAndMul": ["act_and_mul"], "RotaryPosEmb": ["hf_rope"]}
+                 "GeluAndMul": ["act_and_mul"], "GeluTanhAndMul": ["act_and_mul"], "RotaryPosEmb": ["hf_rope"],
+                 "GroupNorm": ["group_norm"]}
     assert set(layer_ops) == set(tk.layers.__all__)
     for name, ops in layer_ops.items():
         assert getattr(tk.layers, name).has_backward == all(tk.has_backward(op) for op in ops), name

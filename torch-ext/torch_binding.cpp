@@ -81,6 +81,17 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   // Whether linear_gelu takes the epilogue for these arguments on this GPU (a host query).
   ops.def("linear_gelu_fused(Tensor x, Tensor weight, Tensor? bias) -> bool");
 
+  // GroupNorm of x [N, C, *spatial] (channels-first or channels-last, kept), as F.group_norm computes it
+  // on CUDA, with activation "none" | "silu" applied to the rounded result; add_group_norm normalizes
+  // x + bias_nc (bias_nc [N or 1, C(, 1, ...)]: ResnetBlock2D's time embedding) and returns only the norm.
+  ops.def("group_norm(Tensor x, int num_groups, Tensor? weight, Tensor? bias, float eps, str activation) -> Tensor");
+  ops.def("group_norm_out(Tensor! out, Tensor x, int num_groups, Tensor? weight, Tensor? bias, float eps, "
+          "str activation) -> ()");
+  ops.def("add_group_norm(Tensor x, Tensor bias_nc, int num_groups, Tensor? weight, Tensor? bias, float eps, "
+          "str activation) -> Tensor");
+  ops.def("add_group_norm_out(Tensor! out, Tensor x, Tensor bias_nc, int num_groups, Tensor? weight, Tensor? bias, "
+          "float eps, str activation) -> ()");
+
   // Every op is registered for CPU too, with the same entry point: CPU tensors then fail with a
   // clear "must be a CUDA tensor" instead of the dispatcher's "no kernel for CPU".
   for (const auto key : {torch::kCUDA, torch::kCPU}) {
@@ -116,6 +127,10 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
     ops.impl("linear_gelu", key, &tk::linear_gelu);
     ops.impl("linear_gelu_out", key, &tk::linear_gelu_out);
     ops.impl("linear_gelu_fused", key, &tk::linear_gelu_fused);
+    ops.impl("group_norm", key, &tk::group_norm);
+    ops.impl("group_norm_out", key, &tk::group_norm_out);
+    ops.impl("add_group_norm", key, &tk::add_group_norm);
+    ops.impl("add_group_norm_out", key, &tk::add_group_norm_out);
   }
 
   // ---- backward ops (norm family, gated_add, fused q/k norm + RoPE): the forward's inputs (or

@@ -190,4 +190,17 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> fused_linear_cross_entro
     const torch::Tensor& target, const OptTensor& bias, int64_t ignore_index, std::string_view reduction,
     double label_smoothing, std::optional<double> softcap, std::array<bool, 3> compute_grads, int64_t chunk_rows);
 
+// ---- GroupNorm (csrc/group_norm/group_norm.cu) ----
+// x: [N, C, *spatial], channels-first (NCHW, NCDHW) or channels-last (NHWC, NDHWC), any batch stride;
+// weight, bias: [C] in x's dtype; activation "none" | "silu". The output keeps x's layout.
+torch::Tensor group_norm(const torch::Tensor& x, int64_t num_groups, const OptTensor& weight, const OptTensor& bias,
+                         double eps, std::string_view activation);
+void group_norm_out(torch::Tensor& out, const torch::Tensor& x, int64_t num_groups, const OptTensor& weight,
+                    const OptTensor& bias, double eps, std::string_view activation);
+// The same of h = x + bias_nc ([N or 1, C] or [N or 1, C, 1, ...], x's dtype): ResnetBlock2D's time embedding.
+torch::Tensor add_group_norm(const torch::Tensor& x, const torch::Tensor& bias_nc, int64_t num_groups,
+                             const OptTensor& weight, const OptTensor& bias, double eps, std::string_view activation);
+void add_group_norm_out(torch::Tensor& out, const torch::Tensor& x, const torch::Tensor& bias_nc, int64_t num_groups,
+                        const OptTensor& weight, const OptTensor& bias, double eps, std::string_view activation);
+
 }  // namespace transformer_kernels

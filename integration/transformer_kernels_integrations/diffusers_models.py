@@ -1,15 +1,16 @@
 """Swap transformer-kernels into diffusers models with one call: ``report = inject(pipe_or_model)``.
 
 Covered: LTX-Video (blocks, attention, FFN, norms) and Flux (AdaLayerNormZero modulation, attention,
-FFN, norms); any model's RMSNorm, LayerNorm and GELU modules.
+FFN, norms); Stable Diffusion 1.5/XL UNets and their VAE (ResNet blocks, GroupNorm + SiLU, GEGLU:
+``diffusers_sd.py``); any model's RMSNorm, LayerNorm, GroupNorm and GELU modules.
 
 What is replaced is a table (``RULES``): each rule names the switches it needs, the module class
 it matches (by class name, so both ``diffusers.models.normalization.RMSNorm`` and
 ``torch.nn.RMSNorm`` are found), and how it patches an instance. Rules for a containing module run
 first and claim the modules they fuse (an LTX block claims its norm1/norm2), so nothing is patched
 twice. Switches (``inject(pipe, rms_norm=..., layer_norm=..., rope=..., qk_norm_rope=..., gelu=...,
-norm_modulate=..., merge_projections=..., linear_gelu=...)``, all on by default) turn op kinds off;
-``uninject`` undoes everything.
+norm_modulate=..., merge_projections=..., linear_gelu=..., group_norm=..., geglu=...)``, all on by
+default) turn op kinds off; ``uninject`` undoes everything.
 
 How modules are patched (and how hooks survive) is in ``patching.py``. ``enable_model_cpu_offload``
 hooks whole components, so injecting before or after it works.
@@ -40,6 +41,7 @@ from typing import Callable, NamedTuple
 import torch
 
 from . import merging
+from .diffusers_sd import SD_RULE_OPS, SD_RULES
 from .loading import load_kernel
 from .patching import (InjectionReport, Rule, apply_rules, check_switches, for_training, forward_from, layer_forward,
                        named, switches_of, uninject_models)
@@ -459,6 +461,8 @@ RULES: tuple[Rule, ...] = (
          claims=("norm",), skip=_adaln_skip),
     Rule("adaln_continuous", _ADALN, named("AdaLayerNormContinuous"), forward_from(_adaln_continuous_forward),
          claims=("norm",), skip=_adaln_skip),
+    # Stable Diffusion's UNet and VAE (diffusers_sd.py): switches group_norm and geglu
+    *SD_RULES,
     Rule("linear_gelu", ("gelu", "linear_gelu"), named("GELU"), _patch_linear_gelu, skip=_linear_gelu_skip,
          fallback="an input of another dtype than the projection's weight, or autocast: the projection, then "
                   "the gelu kernel"),
@@ -491,6 +495,7 @@ RULE_OPS: dict[str, tuple[str, ...]] = {
     "gelu": ("activation",),
     "rms_norm": ("rms_norm",),
     "layer_norm": ("layer_norm",),
+    **SD_RULE_OPS,
 }
 
 

@@ -23,6 +23,7 @@ from .activation import (
     silu,
     silu_and_mul,
 )
+from .group_norm import add_group_norm, group_norm
 from .linear import linear_gelu, linear_gelu_fused
 from .loss import fused_linear_cross_entropy
 from .norm import (
@@ -48,6 +49,7 @@ from .rope import (
 
 __all__ = [
     "act_mul",
+    "add_group_norm",
     "add_op_namespace_prefix",
     "apply_rotary_pos_emb",
     "apply_rotary_pos_emb_",
@@ -62,6 +64,7 @@ __all__ = [
     "gelu",
     "gelu_and_mul",
     "gelu_tanh_and_mul",
+    "group_norm",
     "hf_qk_norm_rope",
     "layer_norm",
     "layers",

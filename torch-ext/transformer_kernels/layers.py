@@ -11,6 +11,7 @@ import functools
 import torch
 
 from .activation import gelu, gelu_and_mul, gelu_tanh_and_mul, silu, silu_and_mul
+from .group_norm import group_norm, is_supported_layout
 from .norm import layer_norm, rms_norm
 from .rope import apply_rotary_pos_emb
 
@@ -79,6 +80,33 @@ class LayerNorm(torch.nn.Module):
     @_any_channel_stride
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         return layer_norm(input, self.weight, self.bias, self.eps)
+
+
+class GroupNorm(torch.nn.Module):
+    """GroupNorm for ``torch.nn.GroupNorm`` (diffusers' UNets and VAEs), affine or not.
+
+    Channels-first and channels-last inputs are normalized in place of their layout, and the output
+    keeps it. An input dense in neither layout is made contiguous first, as ``F.group_norm`` does
+    itself; a weight of another dtype than the input (autocast, mixed-precision modules) takes the
+    module's own ``F.group_norm``.
+
+    Shapes:
+        - input: ``[N, C, *spatial]``
+        - output: ``[N, C, *spatial]``
+    """
+
+    weight: torch.Tensor
+    bias: torch.Tensor
+    can_torch_compile: bool = True
+    has_backward: bool = False
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        weight, bias = self.weight, self.bias
+        if (weight is not None and weight.dtype != input.dtype) or (bias is not None and bias.dtype != input.dtype):
+            return torch.nn.functional.group_norm(input, self.num_groups, weight, bias, self.eps)
+        if not is_supported_layout(input):
+            input = input.contiguous()
+        return group_norm(input, self.num_groups, weight, bias, self.eps)
 
 
 # Activations, named as kernels-community's `activation` names them (transformers maps its "SiLU",
@@ -165,5 +193,5 @@ class RotaryPosEmb(torch.nn.Module):
         return apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim)
 
 
-__all__ = ["Gelu", "GeluAndMul", "GeluTanh", "GeluTanhAndMul", "LayerNorm", "RMSNorm", "RotaryPosEmb", "Silu",
+__all__ = ["Gelu", "GeluAndMul", "GeluTanh", "GeluTanhAndMul", "GroupNorm", "LayerNorm", "RMSNorm", "RotaryPosEmb", "Silu",
            "SiluAndMul"]
