@@ -192,6 +192,86 @@ def _flce_backward(grad, hidden, weight, target, bias, ignore_index, reduction, 
     return dh if want[0] else none, dw if want[1] else none, none
 
 
+# The norm family's and the fused q/k norm + RoPE ops' backward: autograd of the forward's eager
+# code in float32 (each gradient cast to its input's dtype), what the kernels compute up to rounding.
+
+def _with_autograd(fn):
+    """fn() with autograd on: the impls run below the Autograd key, which this lifts again."""
+    keys = torch._C.DispatchKeySet
+    autograd = (keys(torch._C.DispatchKey.AutogradFunctionality) | keys(torch._C.DispatchKey.AutogradOther)
+                | keys(torch._C.DispatchKey.AutogradNestedTensor))
+    exclude = torch._C._dispatch_tls_local_exclude_set() - autograd
+    with torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), exclude), torch.enable_grad():
+        return fn()
+
+
+def _vjp(forward, inputs, grads, mask, like):
+    """The gradients of sum(out_i * grads_i) over forward(*inputs)'s outputs for the inputs `mask`
+    asks for (None grads: outputs not used); the empty placeholder (like the kernels' `like`-dtype
+    [0] tensor) where an input is not asked for or is None."""
+    def run():
+        leaves = [None if t is None else t.detach().float().requires_grad_(bool(asked))
+                  for t, asked in zip(inputs, mask)]
+        outs = forward(*leaves)
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        used = [(o, g.float()) for o, g in zip(outs, grads) if g is not None]
+        wanted = [leaf for leaf in leaves if leaf is not None and leaf.requires_grad]
+        got = iter(torch.autograd.grad([o for o, _ in used], wanted, [g for _, g in used], allow_unused=True)
+                   if wanted else ())
+        result = []
+        for t, leaf in zip(inputs, leaves):
+            if leaf is None or not leaf.requires_grad:
+                result.append(like.new_empty((0,)))
+                continue
+            g = next(got)
+            result.append((torch.zeros_like(leaf) if g is None else g).to(t.dtype))
+        return tuple(result)
+
+    return _with_autograd(run)
+
+
+def _norm_modulate_eager(norm, eps):
+    return lambda x, sc, sh, w, b: diffusers_norm_modulate(x, sc, sh, norm, w, b, eps)
+
+
+def _gated_add_norm_modulate_backward(grad_h, grad_out, h, y, gate, scale, shift, w, b, eps, norm, mask):
+    # h = x + gate * y (x + y without a gate): x from h, so that the same code differentiates
+    x = h.float() - (y.float() if gate is None else gate.float() * y.float())
+    forward = (lambda x_, y_, g_, sc, sh, w_, b_:
+               ltx_gated_add_norm_modulate(x_, y_, g_, sc, sh, norm, w_, b_, eps))
+    want_dx = mask[0] or (mask[1] and gate is None)
+    wanted = [want_dx, mask[1] and gate is not None, *mask[2:]]
+    dx, dy, *rest = _vjp(forward, (x, y, gate, scale, shift, w, b), (grad_h, grad_out), wanted, h)
+    return (dx.to(h.dtype) if want_dx else dx, dy, *rest)
+
+
+def _qk_backward(forward):
+    def impl(grad_q, grad_k, q, k, qw, kw, eps, a, b, mask):
+        return _vjp(lambda q_, k_, qw_, kw_: forward(q_, k_, qw_, kw_, eps, a.float(), b.float()), (q, k, qw, kw),
+                    (grad_q, grad_k), mask, q)
+
+    return impl
+
+
+IMPLS.update({
+    "rms_norm_backward": lambda g, x, w, eps, mask: _vjp(lambda x_, w_: F.rms_norm(x_, (x_.shape[-1],), w_, eps),
+                                                         (x, w), (g,), mask, x),
+    "fused_add_rms_norm_backward": lambda g, g_h, h, w, eps, mask: (lambda dh, dw: (
+        dh if not mask[0] or g_h is None else (dh.float() + g_h.float()).to(h.dtype), dw))(
+        *_vjp(lambda h_, w_: F.rms_norm(h_, (h_.shape[-1],), w_, eps), (h, w), (g,), mask, h)),
+    "layer_norm_backward": lambda g, x, w, b, eps, mask: _vjp(
+        lambda x_, w_, b_: F.layer_norm(x_, (x_.shape[-1],), w_, b_, eps), (x, w, b), (g,), mask, x),
+    "norm_modulate_backward": lambda g, x, sc, sh, w, b, eps, norm, mask: _vjp(
+        _norm_modulate_eager(norm, eps), (x, sc, sh, w, b), (g,), mask, x),
+    "gated_add_norm_modulate_backward": _gated_add_norm_modulate_backward,
+    "gated_add_backward": lambda g, y, gate, mask: _vjp(lambda y_, g_: g_ * y_, (y, gate), (g,), mask, g),
+    "qk_norm_rope_backward": _qk_backward(IMPLS["qk_norm_rope"]),
+    "hf_qk_norm_rope_backward": _qk_backward(IMPLS["hf_qk_norm_rope"]),
+    "ltx_qk_norm_rope_from_coords_backward": _qk_backward(
+        lambda q, k, qw, kw, eps, grid, freqs: IMPLS["ltx_qk_norm_rope_from_coords"](q, k, qw, kw, eps, grid, freqs)),
+})
+
+
 IMPLS.update({
     "activation_backward": lambda g, x, act: (_act_grad(x, act) * g.float()).to(x.dtype),
     "act_and_mul_backward": _act_and_mul_grad,

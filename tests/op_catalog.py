@@ -209,6 +209,33 @@ def _norm_entries():
         scale, shift = mod_args(m, B, H)
         return (m.nan((B, S, H), lay), m.nan((B, S, H), lay), x, y, g, scale, shift, None, None, EPS, "rms"), (0, 1)
 
+    def grad_of(forward, like: int, saved, mask):
+        """A backward op's call: grad_out in the layout of the forward's argument `like`, then
+        saved(forward's arguments) (what its autograd passes on), then the output mask."""
+        def build(m, case):
+            args, _ = forward(m, case)
+            x = args[like]
+            lay = _rows(m, case)[1]
+            return (m.tensor(x.shape, lay, scale=1.0, offset=0.0), *saved(args), list(mask)), ()
+        return build
+
+    def fused_add_backward(grad_h: bool):
+        def build(m, case):
+            (B, S, H), lay = _rows(m, case)
+            h = m.tensor((B, S, H), lay)  # residual_out: the normalized sum
+            g_h = m.tensor((B, S, H), lay, scale=1.0, offset=0.0) if grad_h else None
+            return (m.tensor((B, S, H), lay, scale=1.0, offset=0.0), g_h, h, m.param(H), EPS, [True, True]), ()
+        return build
+
+    def gated_backward(norm: str, gate: bool):
+        def build(m, case):
+            (x, y, g, scale, shift, w, b, eps, n), _ = gated(norm, gate)(m, case)
+            lay = _rows(m, case)[1]
+            grads = [m.tensor(x.shape, lay, scale=1.0, offset=0.0) for _ in range(2)]  # grad_h, grad_out
+            h = x  # the saved sum h (any values: the backward reads h, not x)
+            return (*grads, h, y, g, scale, shift, w, b, eps, n, [True] * 7), ()
+        return build
+
     return {
         "rms_norm": ("rms_norm", rms("same", "hf")),
         "rms_norm[fp32_weight]": ("rms_norm", rms("fp32", "hf")),
@@ -227,6 +254,24 @@ def _norm_entries():
         "gated_add_norm_modulate": ("gated_add_norm_modulate", gated("rms", True)),
         "gated_add_norm_modulate[layer,no_gate]": ("gated_add_norm_modulate", gated("layer", False)),
         "gated_add_norm_modulate_out": ("gated_add_norm_modulate_out", gated_out),
+        # backward: the outputs' gradients first (x's layout), then what the forward saved
+        "rms_norm_backward": ("rms_norm_backward", grad_of(rms("same", "hf"), 0, lambda a: (a[0], a[1], EPS),
+                                                           [True, True])),
+        "rms_norm_backward[fp32_weight]": ("rms_norm_backward", grad_of(rms("fp32", "hf"), 0,
+                                                                         lambda a: (a[0], a[1], EPS), [True, True])),
+        "rms_norm_backward[no_weight,dx]": ("rms_norm_backward", grad_of(rms("none", "torch"), 0,
+                                                                          lambda a: (a[0], None, EPS), [True, False])),
+        "fused_add_rms_norm_backward": ("fused_add_rms_norm_backward", fused_add_backward(True)),
+        "fused_add_rms_norm_backward[no_grad_residual]": ("fused_add_rms_norm_backward", fused_add_backward(False)),
+        "layer_norm_backward": ("layer_norm_backward", grad_of(layer(False), 0, lambda a: a, [True, True, True])),
+        "layer_norm_backward[fp32_params,dx]": ("layer_norm_backward", grad_of(layer(True), 0, lambda a: a,
+                                                                                [True, False, False])),
+        "norm_modulate_backward": ("norm_modulate_backward", grad_of(modulate("rms"), 0, lambda a: a, [True] * 5)),
+        "norm_modulate_backward[layer]": ("norm_modulate_backward", grad_of(modulate("layer"), 0, lambda a: a,
+                                                                            [True] * 5)),
+        "gated_add_norm_modulate_backward": ("gated_add_norm_modulate_backward", gated_backward("rms", True)),
+        "gated_add_norm_modulate_backward[layer,no_gate]": ("gated_add_norm_modulate_backward",
+                                                            gated_backward("layer", False)),
     }
 
 
@@ -292,6 +337,13 @@ def _activation_entries():
             (m.tensor(_rows(m, case)[0], _rows(m, case)[1]), *and_mul("gelu", False)(m, case)[0]), ())),
         "act_mul_backward[silu]": ("act_mul_backward", lambda m, case: (
             (m.tensor(_rows(m, case)[0], _rows(m, case)[1]), *mul("silu")(m, case)[0]), ())),
+        # gated_add's backward (csrc/norm/norm_backward.cu): grad_out, y, gate and the mask (dy, dgate)
+        "gated_add_backward": ("gated_add_backward", lambda m, case: (
+            (m.tensor(_rows(m, case)[0], _rows(m, case)[1], scale=1.0, offset=0.0),
+             *gated_add(False)(m, case)[0][1:], [True, True]), ())),
+        "gated_add_backward[dgate]": ("gated_add_backward", lambda m, case: (
+            (m.tensor(_rows(m, case)[0], _rows(m, case)[1], scale=1.0, offset=0.0),
+             *gated_add(False)(m, case)[0][1:], [False, True]), ())),
     }
 
 
@@ -404,6 +456,20 @@ def _rope_entries():
             return (q, k, grid, freqs), ()
         return build
 
+    def qk_backward(forward, pairs: bool, mask):
+        def build(m, case):
+            args, _ = forward(m, case)
+            grad_q, grad_k = _qk(m, case, pairs=pairs)
+            return (grad_q, grad_k, *args, list(mask)), ()
+        return build
+
+    def ltx_qk_backward(mask):
+        def build(m, case):
+            args, _ = ltx(True)(m, case)
+            grad_q, grad_k, _ = ltx_qk3(m, case, pairs=True)
+            return (grad_q, grad_k, *args, list(mask)), ()
+        return build
+
     return {
         "rope[neox]": ("rope", rope("neox", False, False, False)),
         "rope[neox,partial]": ("rope", rope("neox", False, False, True)),
@@ -424,6 +490,13 @@ def _rope_entries():
         "rope_backward[neox]": ("rope_backward", rope("neox", False, False, True)),
         "rope_backward[interleaved,fp32]": ("rope_backward", rope("interleaved", True, False, False)),
         "ltx_rope_from_coords_backward": ("ltx_rope_from_coords_backward", ltx(False)),
+        # the fused q/k norm + RoPE backward: grad_q, grad_k in q's and k's layout, the forward's inputs, the mask
+        "qk_norm_rope_backward": ("qk_norm_rope_backward", qk_backward(qk_norm(False), True, [True] * 4)),
+        "qk_norm_rope_backward[fp32_weights,dqk]": ("qk_norm_rope_backward", qk_backward(qk_norm(True), True,
+                                                                                          [True, True, False, False])),
+        "hf_qk_norm_rope_backward": ("hf_qk_norm_rope_backward", qk_backward(hf_qk_norm(False), False, [True] * 4)),
+        "ltx_qk_norm_rope_from_coords_backward": ("ltx_qk_norm_rope_from_coords_backward",
+                                                  ltx_qk_backward([True] * 4)),
     }
 
 
