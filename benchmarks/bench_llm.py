@@ -3,7 +3,8 @@
 config) in the modes a transformers user can run, with and without our kernels.
 
     python benchmarks/bench_llm.py [--modes hf-eager,ours,ours+graphs] [--prefill-tokens 2048]
-                                   [--decode-tokens 64] [--quick] [--profile] [--out DIR]
+                                   [--decode-tokens 64] [--quick] [--profile] [--host-profile]
+                                   [--no-isolate] [--out DIR]
 
 Modes (decode always with transformers' static cache):
   hf-eager         generate(disable_compile=True): the committed eager baseline
@@ -19,17 +20,27 @@ Modes (decode always with transformers' static cache):
   ours+graphs      ours with the captured decode step, no compiler
 The bandwidth floor of a decode step (every weight but the embedding read once, at the speed of a
 device-to-device copy measured in the same run) is reported with each mode's ratio to it.
---profile adds kernels and GPU idle time per decoded token from one profiled generation. A mode
-that fails is reported with its error; the others still run. Writes llm-<gpu>-<date>.json/.md.
+--profile adds kernels and GPU idle time per decoded token from one profiled generation;
+--host-profile writes, per mode, the Python profiler's top functions over 16 decoded tokens
+(llm-...-host-<mode>.txt: where the host time of a token goes). Each mode runs in a process of its
+own (--no-isolate: all in this one), so no mode inherits another's compiled code, CUDA-graph pools,
+leaked models or allocator state, and peak memory is the mode's own. A mode that fails is reported
+with its error; the others still run. Writes llm-<gpu>-<date>.json/.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import datetime as _dt
+import gc
+import io
 import json
+import pstats
 import re
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -127,9 +138,49 @@ def run(args, optimized: bool, how: str) -> dict:
 
                 tokens = 16
                 result["profile"] = step_profile(lambda: generate(tokens), tokens)
+            if args.host_profile:
+                result["host_profile"] = host_profile(lambda: generate(16))
     result["decode_weight_bytes"] = decode_weight_bytes(model)
     result["peak_memory_gb"] = torch.cuda.max_memory_allocated() / 1e9
     return result
+
+
+def host_profile(call, top: int = 40) -> str:
+    """The Python profiler's top functions (by own time) over one call()."""
+    profiler = cProfile.Profile()
+    profiler.runcall(call)
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(top)
+    return text.getvalue()
+
+
+def run_mode(args, mode: str) -> dict:
+    optimized, how = MODES[mode]
+    try:
+        return {"mode": mode, **run(args, optimized, how)}
+    except Exception as e:  # reported; the other modes still run
+        return {"mode": mode, "optimized_kernels": optimized, "decode": how, "error": f"{type(e).__name__}: {e}"[:500]}
+
+
+def run_isolated(mode: str) -> dict:
+    """run_mode in a fresh interpreter, with this command line's options for that one mode."""
+    argv, skip = [], False
+    for a in sys.argv[1:]:
+        if skip:
+            skip = False
+        elif a == "--modes":
+            skip = True
+        elif not a.startswith("--modes="):
+            argv.append(a)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        proc = subprocess.run([sys.executable, __file__, *argv, "--modes", mode, "--child-result", str(out)])
+        if out.exists():
+            return json.loads(out.read_text())
+    optimized, how = MODES[mode]
+    return {"mode": mode, "optimized_kernels": optimized, "decode": how,
+            "error": f"the process of this mode exited with status {proc.returncode} before reporting"}
 
 
 def markdown(args, env, results, copy: float) -> str:
@@ -173,7 +224,10 @@ def main() -> None:
     p.add_argument("--skip-prefill", action="store_true")
     p.add_argument("--skip-decode", action="store_true")
     p.add_argument("--profile", action="store_true", help="kernels and GPU idle time per token from a profile")
+    p.add_argument("--host-profile", action="store_true", help="the Python profiler's top functions per mode")
     p.add_argument("--no-merge-projections", dest="merge_projections", action="store_false")
+    p.add_argument("--no-isolate", dest="isolate", action="store_false", help="all modes in this process")
+    p.add_argument("--child-result", type=Path, help=argparse.SUPPRESS)  # run_isolated's child: one mode
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = p.parse_args()
     unknown = [m for m in args.modes if m not in MODES]
@@ -184,6 +238,9 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("the LLM benchmark needs an NVIDIA GPU (torch.cuda.is_available() is False)")
     use_local_build()
+    if args.child_result is not None:
+        args.child_result.write_text(json.dumps(run_mode(args, args.modes[0])))
+        return
     copy = copy_gbps()
     results = []
     env = environment()
@@ -191,14 +248,17 @@ def main() -> None:
     stem = f"llm-llama8b-{gpu}-{_dt.date.today().isoformat()}"
     args.out.mkdir(parents=True, exist_ok=True)
     for mode in args.modes:
-        optimized, how = MODES[mode]
-        try:
-            results.append({"mode": mode, **run(args, optimized, how)})
-        except Exception as e:  # reported; the other modes still run
-            results.append({"mode": mode, "optimized_kernels": optimized, "decode": how,
-                            "error": f"{type(e).__name__}: {e}"[:500]})
-        torch._dynamo.reset()
-        torch.cuda.empty_cache()  # the model of that run is gone with its frame
+        if args.isolate:
+            results.append(run_isolated(mode))
+        else:
+            torch.cuda.reset_peak_memory_stats()
+            results.append(run_mode(args, mode))
+            torch._dynamo.reset()
+            gc.collect()  # the merges and compiled callables hold cycles: free the model before the next
+            torch.cuda.empty_cache()
+        host = results[-1].pop("host_profile", None)
+        if host:
+            (args.out / f"{stem}-host-{re.sub(r'[^a-z0-9]+', '-', mode)}.txt").write_text(host)
         md = markdown(args, env, results, copy)  # after each mode: a run cut short keeps what it measured
         (args.out / f"{stem}.json").write_text(json.dumps(
             {"env": env, "copy_gbps": copy, "args": vars(args) | {"out": str(args.out)}, "results": results},

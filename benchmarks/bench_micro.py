@@ -31,6 +31,7 @@ from reference.rope import (  # noqa: E402
     hf_qk_norm_rope,
     vllm_rotary_embedding_native,
 )
+from reference.group_norm import eager_group_norm  # noqa: E402
 from reference.norms import (  # noqa: E402
     diffusers_norm_modulate,
     hf_fused_add_rms_norm,
@@ -380,6 +381,67 @@ def linear_gelu_cases(tk, quick: bool) -> Iterator[Case]:
             yield Case("linear_gelu", f"{tokens}x{k}->{n}", DTYPE_NAMES[dtype], moved, impls, latency=tokens <= 64,
                        note=f"{where}; ours: {fused}; {tflop:.2f} TFLOP")
 
+# ([N, C, H, W], groups, where the shape comes from): SDXL's UNet at 1024x1024 (128x128 latents,
+# batch 2 for guidance) and its VAE decoder (1024x1024 output, one image).
+GROUP_NORM_SHAPES = [
+    ((2, 320, 128, 128), 32, "SDXL UNet 128x128 level (resnets' norm1/norm2)"),
+    ((2, 640, 64, 64), 32, "SDXL UNet 64x64 level"),
+    ((2, 1280, 32, 32), 32, "SDXL UNet 32x32 level"),
+    ((1, 512, 256, 256), 32, "VAE decoder up block 1"),
+    ((1, 256, 512, 512), 32, "VAE decoder up block 2"),
+    ((1, 128, 1024, 1024), 32, "VAE decoder last up block and conv_norm_out"),
+]
+GROUP_NORM_QUICK = {(2, 320, 128, 128), (1, 128, 1024, 1024)}
+APEX_NOTE = "Apex (NVIDIA's NHWC GroupNorm) is not installed here: no Apex column"
+
+
+def group_norm_case(tk, shape, groups: int, dtype: torch.dtype, layout: str, activation: str | None,
+                    time_add: bool, note: str) -> Case:
+    """GroupNorm (+ SiLU) of x [N, C, H, W] in `layout`; with `time_add`, ResnetBlock2D's norm2 of
+    x + temb[:, :, None, None]. Baselines: F.group_norm (+ F.silu) and its torch.compile."""
+    eps = 1e-5
+    fmt = torch.channels_last if layout == "channels_last" else torch.contiguous_format
+    x = torch.randn(shape, device="cuda", dtype=dtype).contiguous(memory_format=fmt)
+    w = (torch.rand(shape[1], device="cuda") + 0.5).to(dtype)
+    b = (torch.rand(shape[1], device="cuda") - 0.5).to(dtype)
+    temb = torch.randn(shape[0], shape[1], device="cuda", dtype=dtype) if time_add else None
+    if time_add:
+        ours = lambda: tk.add_group_norm(x, temb, groups, w, b, eps, activation)  # noqa: E731
+        eager = lambda x, t, w, b: eager_group_norm(x, groups, w, b, eps, activation, bias_nc=t)  # noqa: E731
+        args = (x, temb, w, b)
+    else:
+        ours = lambda: tk.group_norm(x, groups, w, b, eps, activation)  # noqa: E731
+        eager = lambda x, w, b: eager_group_norm(x, groups, w, b, eps, activation)  # noqa: E731
+        args = (x, w, b)
+    op = ("add_group_norm" if time_add else "group_norm") + (f" + {activation}" if activation else "")
+    n, c, h, wd = shape
+    return Case(f"{op} ({layout.replace('_', '-')})", f"{n}x{c}x{h}x{wd} G{groups}", DTYPE_NAMES[dtype],
+                2 * nbytes(x) + nbytes(w, b, temb), with_baselines(ours, eager, args), note=f"{note}; {APEX_NOTE}")
+
+
+def group_norm_cases(tk, quick: bool, vae: bool = False) -> Iterator[Case]:
+    """The UNet's shapes (vae=False) or the VAE decoder's, in both memory formats, + SiLU (the
+    UNet's also with the time add of norm2)."""
+    for shape, groups, note in GROUP_NORM_SHAPES:
+        if (shape[0] == 1) != vae or (quick and shape not in GROUP_NORM_QUICK):
+            continue
+        for layout in ("channels_first", "channels_last"):
+            yield group_norm_case(tk, shape, groups, torch.bfloat16, layout, "silu", False, note)
+            if not vae:  # the UNet's resnets: norm2 takes the time embedding
+                yield group_norm_case(tk, shape, groups, torch.bfloat16, layout, "silu", True, note)
+    if not vae:  # without the activation: Transformer2DModel's input norm
+        yield group_norm_case(tk, (2, 640, 64, 64), 32, torch.bfloat16, "channels_first", None, False,
+                              "Transformer2DModel input norm (no activation)")
+    elif not quick:  # SDXL's VAE decodes upcast to fp32 (force_upcast), SD 1.5's in fp16
+        for dtype in (torch.float32, torch.float16):
+            for layout in ("channels_first", "channels_last"):
+                yield group_norm_case(tk, (1, 128, 1024, 1024), 32, dtype, layout, "silu", False,
+                                      "VAE decoder last up block, " + DTYPE_NAMES[dtype])
+
+
+def group_norm_vae_cases(tk, quick: bool) -> Iterator[Case]:
+    return group_norm_cases(tk, quick, vae=True)
+
 
 # ---- backward ----
 # Each case times the backward pass alone: the forward runs once, then autograd.grad (retain_graph)
@@ -562,10 +624,92 @@ def qk_norm_rope_backward_cases(tk, quick: bool) -> Iterator[Case]:
                note="Qwen3-8B prefill 4096: q_norm, k_norm, apply_rotary_pos_emb")
 
 
+def activation_rope_backward_cases(tk, quick: bool) -> Iterator[Case]:
+    """Llama-3.2-1B's and Llama-3.1-8B's SwiGLU (16 K tokens x 8192, 4096 x 14336), the fused gate_up
+    projection (silu_and_mul), GEGLU (tanh, Liger's form; SDXL's erf), LTX-Video 2B's GELU-tanh FFN, and
+    the rotations (transformers' with Liger's, LTX-Video's tables and coordinates, Flux's). Bytes: the
+    output gradient and the saved inputs read, the inputs' gradients written (5x one operand for the
+    gated units, 3x for an activation, 2x q and k plus the tables for a rotation)."""
+    bf16 = dict(device="cuda", dtype=torch.bfloat16)
+    for tokens, inter, note in [(16384, 8192, "Llama-3.2-1B MLP, 8x2048 tokens"),
+                                (4096, 14336, "Llama-3.1-8B MLP, 4096 tokens")][: 1 if quick else 2]:
+        g, u = torch.randn(tokens, inter, **bf16), torch.randn(tokens, inter, **bf16)
+        yield Case("act_mul (silu) backward", f"{tokens}x{inter} x2", "bfloat16", 5 * nbytes(g),
+                   backward_impls(lambda g, u: tk.act_mul(g, u, "silu"), lambda g, u: eager_act_mul(g, u, "silu"),
+                                  (g, u), liger=liger_fn("swiglu", "LigerSiLUMulFunction"),
+                                  op=lambda: tk.ops.act_mul_backward(g, g, u, "silu")), note=note)
+        yield Case("act_mul (gelu_tanh) backward", f"{tokens}x{inter} x2", "bfloat16", 5 * nbytes(g),
+                   backward_impls(lambda g, u: tk.act_mul(g, u, "gelu_tanh"),
+                                  lambda g, u: eager_act_mul(g, u, "gelu_tanh"), (g, u),
+                                  liger=liger_fn("geglu", "LigerGELUMulFunction"),
+                                  op=lambda: tk.ops.act_mul_backward(g, g, u, "gelu_tanh")),
+                   note=f"GEGLU (tanh GELU, Liger's form) on the {note} shape")
+    if quick:
+        return
+    x = torch.randn(4096, 2 * 14336, **bf16)
+    yield Case("silu_and_mul backward", "4096x(2x14336)", "bfloat16", nbytes(x) * 5 // 2,
+               backward_impls(lambda x: tk.silu_and_mul(x), lambda x: eager_act_and_mul(x, "silu"), (x,),
+                              op=lambda: tk.ops.act_and_mul_backward(x[:, :14336], x, "silu", True)),
+               note="Llama-3.1-8B MLP, fused gate_up projection")
+    p = torch.randn(16384, 2 * 10240, **bf16)
+    yield Case("geglu backward", "16384x(2x10240)", "bfloat16", nbytes(p) * 5 // 2,
+               backward_impls(lambda p: tk.geglu(p), lambda p: eager_act_and_mul(p, "gelu", act_first=False), (p,),
+                              op=lambda: tk.ops.act_and_mul_backward(p[:, :10240], p, "gelu", False)),
+               note="SDXL transformer block GEGLU (diffusers order, erf GELU)")
+    h = torch.randn(16128, 8192, **bf16)
+    yield Case("gelu (tanh) backward", "16128x8192", "bfloat16", 3 * nbytes(h),
+               backward_impls(lambda h: tk.gelu(h, "tanh"), lambda h: eager_activation(h, "gelu_tanh"), (h,),
+                              op=lambda: tk.ops.activation_backward(h, h, "gelu_tanh")),
+               note="LTX-Video 2B FFN, 2x8064 tokens")
+    # transformers' rotation: q [B, H, S, d], k likewise, bf16 tables
+    B, S, Hq, Hk, d = 1, 4096, 32, 8, 128
+    q, k = torch.randn(B, Hq, S, d, **bf16), torch.randn(B, Hk, S, d, **bf16)
+    angles = torch.rand(B, S, d // 2, device="cuda") * 100
+    cos, sin = (torch.cat((f, f), -1).to(torch.bfloat16) for f in (angles.cos(), angles.sin()))
+    liger = liger_fn("rope", "LigerRopeFunction")
+    yield Case("rope (hf neox) backward", f"{B}x{S} q{Hq} k{Hk} d{d}", "bfloat16", 2 * nbytes(q, k) + nbytes(cos, sin),
+               backward_impls(lambda q, k: tk.apply_rotary_pos_emb(q, k, cos, sin),
+                              lambda q, k: hf_apply_rotary_pos_emb(q, k, cos, sin), (q, k),
+                              liger=None if liger is None else (lambda q, k: liger(q.contiguous(), k.contiguous(), cos, sin)),
+                              op=lambda: tk.ops.rope_backward(q.transpose(1, 2), k.transpose(1, 2), cos, sin, "neox", False)),
+               note="Llama-3.1-8B prefill 4096")
+    # LTX-Video 2B: tables [2, 8064, 2048] fp32, and the coordinate form
+    q, k = torch.randn(2, 8064, 2048, **bf16), torch.randn(2, 8064, 2048, **bf16)
+    angles = torch.rand(2, 8064, 1024, device="cuda") * 100
+    cos, sin = angles.cos().repeat_interleave(2, -1), angles.sin().repeat_interleave(2, -1)
+    yield Case("rope (ltx interleaved) backward", "2x8064x2048", "bfloat16", 2 * nbytes(q, k) + nbytes(cos, sin),
+               backward_impls(lambda q, k: tk.ltx_rope(q, k, cos, sin),
+                              lambda q, k: (diffusers_interleaved_rotary(q, cos, sin),
+                                            diffusers_interleaved_rotary(k, cos, sin)), (q, k),
+                              op=lambda: tk.ops.rope_backward(q[:, :, None], k[:, :, None], cos, sin, "interleaved",
+                                                              True)),
+               note="LTX-Video 2B, 49 frames 512x768, CFG batch 2")
+    grid = torch.rand(2, 8064, 3, device="cuda")
+    freqs = torch.rand(2048 // 6, device="cuda") * 100
+    yield Case("rope (ltx from coords) backward", "2x8064x2048", "bfloat16", 2 * nbytes(q, k) + nbytes(grid, freqs),
+               backward_impls(lambda q, k: tk.ltx_rope_from_coords(q, k, grid, freqs),
+                              lambda q, k: (diffusers_interleaved_rotary(q, cos, sin),
+                                            diffusers_interleaved_rotary(k, cos, sin)), (q, k),
+                              op=lambda: tk.ops.ltx_rope_from_coords_backward(q, k, grid, freqs)),
+               note="cos/sin from grid and freqs in the kernel; the baselines read fp32 tables")
+    q, k = torch.randn(1, 4608, 24, 128, **bf16), torch.randn(1, 4608, 24, 128, **bf16)
+    angles = torch.rand(4608, 64, device="cuda") * 100
+    cos, sin = angles.cos().repeat_interleave(2, -1), angles.sin().repeat_interleave(2, -1)
+    c4, s4 = cos[None, :, None], sin[None, :, None]
+    yield Case("rope (flux interleaved) backward", "1x4608x24x128", "bfloat16", 2 * nbytes(q, k) + nbytes(cos, sin),
+               backward_impls(lambda q, k: tk.flux_rope(q, k, cos, sin),
+                              lambda q, k: (diffusers_interleaved_rotary(q, c4, s4),
+                                            diffusers_interleaved_rotary(k, c4, s4)), (q, k),
+                              op=lambda: tk.ops.rope_backward(q, k, cos[None], sin[None], "interleaved", True)),
+               note="Flux 1024x1024 (4096 image + 512 text tokens)")
+
+
 OPS = {"rms_norm": rms_norm_cases, "activation": activation_cases, "fused_add_rms_norm": fused_add_rms_norm_cases,
        "layer_norm": layer_norm_cases, "modulate": modulate_cases, "rope": rope_cases,
        "linear_gelu": linear_gelu_cases, "norm_backward": norm_backward_cases,
-       "qk_norm_rope_backward": qk_norm_rope_backward_cases}
+       "qk_norm_rope_backward": qk_norm_rope_backward_cases,
+       "activation_rope_backward": activation_rope_backward_cases, "group_norm": group_norm_cases,
+       "group_norm_vae": group_norm_vae_cases}
 
 
 

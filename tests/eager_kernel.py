@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from reference.activations import eager_act_and_mul, eager_act_mul, eager_activation, eager_gated_add
+from reference.group_norm import eager_group_norm
 from reference.norms import RMS_NORM_EAGER, diffusers_norm_modulate, ltx_gated_add_norm_modulate
 from reference.rope import (
     diffusers_qk_norm_rope,
@@ -104,9 +105,184 @@ IMPLS = {
         q.unsqueeze(2), k.unsqueeze(2), *_tables(grid, freqs, q.shape[-1]), "interleaved", True)),
     "linear_gelu": lambda x, w, b: F.gelu(F.linear(x, w, b), approximate="tanh"),
     "linear_gelu_fused": lambda x, w, b: False,  # (a host query: the eager pair is never fused)
+    "group_norm": lambda x, g, w, b, eps, act: eager_group_norm(x, g, w, b, eps, None if act == "none" else act),
+    "add_group_norm": lambda x, bnc, g, w, b, eps, act: eager_group_norm(x, g, w, b, eps, None if act == "none" else act,
+                                                                      bias_nc=bnc),
     "ltx_qk_norm_rope_from_coords": lambda q, k, qw, kw, eps, grid, freqs: diffusers_qk_norm_rope(
         q, k, qw, kw, eps, *_tables(grid, freqs, q.shape[-1])),
 }
+
+
+# ---- backward ops, in closed form (the impls run below the Autograd key: no autograd in here) ----
+
+def _act_grad(x, act):
+    """act'(x) in fp32 (ATen's formulas)."""
+    x = x.float()
+    if act == "silu":
+        sig = torch.sigmoid(x)
+        return sig * (1 + x * (1 - sig))
+    if act == "gelu":
+        return 0.5 * (1 + torch.erf(x * 0.7071067811865476)) + x * torch.exp(-0.5 * x * x) * 0.3989422804014327
+    beta, kappa = 0.7978845608028654, 0.044715
+    t = torch.tanh(beta * (x + kappa * x ** 3))
+    return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * beta * (1 + 3 * kappa * x * x)
+
+
+def _act_mul_grads(g, a, b, act):
+    return (_act_grad(a, act) * (g * b).float()).to(a.dtype), g * eager_activation(a, act)
+
+
+def _act_and_mul_grad(g, x, act, first):
+    lo, hi = x.chunk(2, dim=-1)
+    a, b = (lo, hi) if first else (hi, lo)
+    da, db = _act_mul_grads(g, a, b, act)
+    return torch.cat((da, db) if first else (db, da), dim=-1)
+
+
+def _transposed_sines(sin, style):
+    """The backward rotation's sines (s1, s2) -> (-s2, -s1): rope.cuh's transpose_sines."""
+    if style == "neox":
+        s1, s2 = sin.chunk(2, dim=-1)
+        return torch.cat((-s2, -s1), dim=-1)
+    pairs = sin.unflatten(-1, (-1, 2))
+    return torch.stack((-pairs[..., 1], -pairs[..., 0]), dim=-1).flatten(-2)
+
+
+def _flce_grads(hidden, weight, target, bias, ignore_index, smoothing, softcap, scale):
+    """dloss/dhidden, dloss/dweight of each row's loss times scale [N] (fp32 math)."""
+    logits = F.linear(hidden, weight, bias).float()
+    t = torch.tanh(logits / softcap) if softcap is not None else None
+    z = t * softcap if softcap is not None else logits
+    valid = target != ignore_index
+    g = torch.softmax(z, -1) - smoothing / z.shape[-1]
+    g.scatter_add_(1, target.clamp(min=0)[:, None], torch.full_like(g[:, :1], smoothing - 1))
+    if softcap is not None:
+        g = g * (1 - t * t)
+    g = (g * (scale * valid)[:, None]).to(hidden.dtype)
+    return g @ weight, g.T @ hidden
+
+
+def _flce_loss(hidden, weight, target, bias, ignore_index, reduction, smoothing, softcap):
+    logits = F.linear(hidden, weight, bias).float()
+    if softcap is not None:
+        logits = torch.tanh(logits / softcap) * softcap
+    return F.cross_entropy(logits, target, ignore_index=ignore_index, reduction=reduction, label_smoothing=smoothing)
+
+
+def _row_scale(target, ignore_index, reduction, grad):
+    n = target.shape[0]
+    scale = grad.float().reshape(-1).expand(n) if grad is not None else torch.ones(n)
+    return scale / (target != ignore_index).sum() if reduction == "mean" else scale
+
+
+def _flce(hidden, weight, target, bias, ignore_index, reduction, smoothing, softcap, want, chunk_rows):
+    loss = _flce_loss(hidden, weight, target, bias, ignore_index, reduction, smoothing, softcap)
+    none = hidden.new_empty((0,))
+    if not any(want):
+        return loss, none, none, none
+    dh, dw = _flce_grads(hidden, weight, target, bias, ignore_index, smoothing, softcap,
+                         _row_scale(target, ignore_index, reduction, None))
+    return loss, dh if want[0] else none, dw if want[1] else none, none
+
+
+def _flce_backward(grad, hidden, weight, target, bias, ignore_index, reduction, smoothing, softcap, want, chunk_rows):
+    dh, dw = _flce_grads(hidden, weight, target, bias, ignore_index, smoothing, softcap,
+                         _row_scale(target, ignore_index, reduction, grad))
+    none = hidden.new_empty((0,))
+    return dh if want[0] else none, dw if want[1] else none, none
+
+
+# The norm family's and the fused q/k norm + RoPE ops' backward: autograd of the forward's eager
+# code in float32 (each gradient cast to its input's dtype), what the kernels compute up to rounding.
+
+def _with_autograd(fn):
+    """fn() with autograd on: the impls run below the Autograd key, which this lifts again."""
+    keys = torch._C.DispatchKeySet
+    autograd = (keys(torch._C.DispatchKey.AutogradFunctionality) | keys(torch._C.DispatchKey.AutogradOther)
+                | keys(torch._C.DispatchKey.AutogradNestedTensor))
+    exclude = torch._C._dispatch_tls_local_exclude_set() - autograd
+    with torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), exclude), torch.enable_grad():
+        return fn()
+
+
+def _vjp(forward, inputs, grads, mask, like):
+    """The gradients of sum(out_i * grads_i) over forward(*inputs)'s outputs for the inputs `mask`
+    asks for (None grads: outputs not used); the empty placeholder (like the kernels' `like`-dtype
+    [0] tensor) where an input is not asked for or is None."""
+    def run():
+        leaves = [None if t is None else t.detach().float().requires_grad_(bool(asked))
+                  for t, asked in zip(inputs, mask)]
+        outs = forward(*leaves)
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        used = [(o, g.float()) for o, g in zip(outs, grads) if g is not None]
+        wanted = [leaf for leaf in leaves if leaf is not None and leaf.requires_grad]
+        got = iter(torch.autograd.grad([o for o, _ in used], wanted, [g for _, g in used], allow_unused=True)
+                   if wanted else ())
+        result = []
+        for t, leaf in zip(inputs, leaves):
+            if leaf is None or not leaf.requires_grad:
+                result.append(like.new_empty((0,)))
+                continue
+            g = next(got)
+            result.append((torch.zeros_like(leaf) if g is None else g).to(t.dtype))
+        return tuple(result)
+
+    return _with_autograd(run)
+
+
+def _norm_modulate_eager(norm, eps):
+    return lambda x, sc, sh, w, b: diffusers_norm_modulate(x, sc, sh, norm, w, b, eps)
+
+
+def _gated_add_norm_modulate_backward(grad_h, grad_out, h, y, gate, scale, shift, w, b, eps, norm, mask):
+    # h = x + gate * y (x + y without a gate): x from h, so that the same code differentiates
+    x = h.float() - (y.float() if gate is None else gate.float() * y.float())
+    forward = (lambda x_, y_, g_, sc, sh, w_, b_:
+               ltx_gated_add_norm_modulate(x_, y_, g_, sc, sh, norm, w_, b_, eps))
+    want_dx = mask[0] or (mask[1] and gate is None)
+    wanted = [want_dx, mask[1] and gate is not None, *mask[2:]]
+    dx, dy, *rest = _vjp(forward, (x, y, gate, scale, shift, w, b), (grad_h, grad_out), wanted, h)
+    return (dx.to(h.dtype) if want_dx else dx, dy, *rest)
+
+
+def _qk_backward(forward):
+    def impl(grad_q, grad_k, q, k, qw, kw, eps, a, b, mask):
+        return _vjp(lambda q_, k_, qw_, kw_: forward(q_, k_, qw_, kw_, eps, a.float(), b.float()), (q, k, qw, kw),
+                    (grad_q, grad_k), mask, q)
+
+    return impl
+
+
+IMPLS.update({
+    "rms_norm_backward": lambda g, x, w, eps, mask: _vjp(lambda x_, w_: F.rms_norm(x_, (x_.shape[-1],), w_, eps),
+                                                         (x, w), (g,), mask, x),
+    "fused_add_rms_norm_backward": lambda g, g_h, h, w, eps, mask: (lambda dh, dw: (
+        dh if not mask[0] or g_h is None else (dh.float() + g_h.float()).to(h.dtype), dw))(
+        *_vjp(lambda h_, w_: F.rms_norm(h_, (h_.shape[-1],), w_, eps), (h, w), (g,), mask, h)),
+    "layer_norm_backward": lambda g, x, w, b, eps, mask: _vjp(
+        lambda x_, w_, b_: F.layer_norm(x_, (x_.shape[-1],), w_, b_, eps), (x, w, b), (g,), mask, x),
+    "norm_modulate_backward": lambda g, x, sc, sh, w, b, eps, norm, mask: _vjp(
+        _norm_modulate_eager(norm, eps), (x, sc, sh, w, b), (g,), mask, x),
+    "gated_add_norm_modulate_backward": _gated_add_norm_modulate_backward,
+    "gated_add_backward": lambda g, y, gate, mask: _vjp(lambda y_, g_: g_ * y_, (y, gate), (g,), mask, g),
+    "qk_norm_rope_backward": _qk_backward(IMPLS["qk_norm_rope"]),
+    "hf_qk_norm_rope_backward": _qk_backward(IMPLS["hf_qk_norm_rope"]),
+    "ltx_qk_norm_rope_from_coords_backward": _qk_backward(
+        lambda q, k, qw, kw, eps, grid, freqs: IMPLS["ltx_qk_norm_rope_from_coords"](q, k, qw, kw, eps, grid, freqs)),
+})
+
+
+IMPLS.update({
+    "activation_backward": lambda g, x, act: (_act_grad(x, act) * g.float()).to(x.dtype),
+    "act_and_mul_backward": _act_and_mul_grad,
+    "act_mul_backward": lambda g, gate, up, act: _act_mul_grads(g, gate, up, act),
+    "rope_backward": lambda gq, gk, c, s, style, f: IMPLS["rope"](gq, gk, c, _transposed_sines(s, style), style, f),
+    "ltx_rope_from_coords_backward": lambda gq, gk, grid, freqs: tuple(t.squeeze(2) for t in IMPLS["rope"](
+        gq.unsqueeze(2), gk.unsqueeze(2), *(lambda c, s: (c, _transposed_sines(s, "interleaved")))(
+            *_tables(grid, freqs, gq.shape[-1])), "interleaved", True)),
+    "fused_linear_cross_entropy": _flce,
+    "fused_linear_cross_entropy_backward": _flce_backward,
+})
 
 
 def _out_form(name):

@@ -209,6 +209,33 @@ def _norm_entries():
         scale, shift = mod_args(m, B, H)
         return (m.nan((B, S, H), lay), m.nan((B, S, H), lay), x, y, g, scale, shift, None, None, EPS, "rms"), (0, 1)
 
+    def grad_of(forward, like: int, saved, mask):
+        """A backward op's call: grad_out in the layout of the forward's argument `like`, then
+        saved(forward's arguments) (what its autograd passes on), then the output mask."""
+        def build(m, case):
+            args, _ = forward(m, case)
+            x = args[like]
+            lay = _rows(m, case)[1]
+            return (m.tensor(x.shape, lay, scale=1.0, offset=0.0), *saved(args), list(mask)), ()
+        return build
+
+    def fused_add_backward(grad_h: bool):
+        def build(m, case):
+            (B, S, H), lay = _rows(m, case)
+            h = m.tensor((B, S, H), lay)  # residual_out: the normalized sum
+            g_h = m.tensor((B, S, H), lay, scale=1.0, offset=0.0) if grad_h else None
+            return (m.tensor((B, S, H), lay, scale=1.0, offset=0.0), g_h, h, m.param(H), EPS, [True, True]), ()
+        return build
+
+    def gated_backward(norm: str, gate: bool):
+        def build(m, case):
+            (x, y, g, scale, shift, w, b, eps, n), _ = gated(norm, gate)(m, case)
+            lay = _rows(m, case)[1]
+            grads = [m.tensor(x.shape, lay, scale=1.0, offset=0.0) for _ in range(2)]  # grad_h, grad_out
+            h = x  # the saved sum h (any values: the backward reads h, not x)
+            return (*grads, h, y, g, scale, shift, w, b, eps, n, [True] * 7), ()
+        return build
+
     return {
         "rms_norm": ("rms_norm", rms("same", "hf")),
         "rms_norm[fp32_weight]": ("rms_norm", rms("fp32", "hf")),
@@ -227,6 +254,24 @@ def _norm_entries():
         "gated_add_norm_modulate": ("gated_add_norm_modulate", gated("rms", True)),
         "gated_add_norm_modulate[layer,no_gate]": ("gated_add_norm_modulate", gated("layer", False)),
         "gated_add_norm_modulate_out": ("gated_add_norm_modulate_out", gated_out),
+        # backward: the outputs' gradients first (x's layout), then what the forward saved
+        "rms_norm_backward": ("rms_norm_backward", grad_of(rms("same", "hf"), 0, lambda a: (a[0], a[1], EPS),
+                                                           [True, True])),
+        "rms_norm_backward[fp32_weight]": ("rms_norm_backward", grad_of(rms("fp32", "hf"), 0,
+                                                                         lambda a: (a[0], a[1], EPS), [True, True])),
+        "rms_norm_backward[no_weight,dx]": ("rms_norm_backward", grad_of(rms("none", "torch"), 0,
+                                                                          lambda a: (a[0], None, EPS), [True, False])),
+        "fused_add_rms_norm_backward": ("fused_add_rms_norm_backward", fused_add_backward(True)),
+        "fused_add_rms_norm_backward[no_grad_residual]": ("fused_add_rms_norm_backward", fused_add_backward(False)),
+        "layer_norm_backward": ("layer_norm_backward", grad_of(layer(False), 0, lambda a: a, [True, True, True])),
+        "layer_norm_backward[fp32_params,dx]": ("layer_norm_backward", grad_of(layer(True), 0, lambda a: a,
+                                                                                [True, False, False])),
+        "norm_modulate_backward": ("norm_modulate_backward", grad_of(modulate("rms"), 0, lambda a: a, [True] * 5)),
+        "norm_modulate_backward[layer]": ("norm_modulate_backward", grad_of(modulate("layer"), 0, lambda a: a,
+                                                                            [True] * 5)),
+        "gated_add_norm_modulate_backward": ("gated_add_norm_modulate_backward", gated_backward("rms", True)),
+        "gated_add_norm_modulate_backward[layer,no_gate]": ("gated_add_norm_modulate_backward",
+                                                            gated_backward("layer", False)),
     }
 
 
@@ -283,6 +328,22 @@ def _activation_entries():
         "act_mul_out": ("act_mul_out", mul_out),
         "gated_add": ("gated_add", gated_add(False)),
         "gated_add_out": ("gated_add_out", gated_add(True)),
+        # backward: the output's gradient first, then the forward's inputs
+        "activation_backward[gelu_tanh]": ("activation_backward", lambda m, case: (
+            (m.tensor(_rows(m, case)[0], _rows(m, case)[1]), *act("gelu_tanh")(m, case)[0]), ())),
+        "act_and_mul_backward[silu]": ("act_and_mul_backward", lambda m, case: (
+            (m.tensor(_rows(m, case)[0], _rows(m, case)[1]), *and_mul("silu", True)(m, case)[0]), ())),
+        "act_and_mul_backward[gelu,geglu]": ("act_and_mul_backward", lambda m, case: (
+            (m.tensor(_rows(m, case)[0], _rows(m, case)[1]), *and_mul("gelu", False)(m, case)[0]), ())),
+        "act_mul_backward[silu]": ("act_mul_backward", lambda m, case: (
+            (m.tensor(_rows(m, case)[0], _rows(m, case)[1]), *mul("silu")(m, case)[0]), ())),
+        # gated_add's backward (csrc/norm/norm_backward.cu): grad_out, y, gate and the mask (dy, dgate)
+        "gated_add_backward": ("gated_add_backward", lambda m, case: (
+            (m.tensor(_rows(m, case)[0], _rows(m, case)[1], scale=1.0, offset=0.0),
+             *gated_add(False)(m, case)[0][1:], [True, True]), ())),
+        "gated_add_backward[dgate]": ("gated_add_backward", lambda m, case: (
+            (m.tensor(_rows(m, case)[0], _rows(m, case)[1], scale=1.0, offset=0.0),
+             *gated_add(False)(m, case)[0][1:], [False, True]), ())),
     }
 
 
@@ -395,6 +456,20 @@ def _rope_entries():
             return (q, k, grid, freqs), ()
         return build
 
+    def qk_backward(forward, pairs: bool, mask):
+        def build(m, case):
+            args, _ = forward(m, case)
+            grad_q, grad_k = _qk(m, case, pairs=pairs)
+            return (grad_q, grad_k, *args, list(mask)), ()
+        return build
+
+    def ltx_qk_backward(mask):
+        def build(m, case):
+            args, _ = ltx(True)(m, case)
+            grad_q, grad_k, _ = ltx_qk3(m, case, pairs=True)
+            return (grad_q, grad_k, *args, list(mask)), ()
+        return build
+
     return {
         "rope[neox]": ("rope", rope("neox", False, False, False)),
         "rope[neox,partial]": ("rope", rope("neox", False, False, True)),
@@ -411,6 +486,17 @@ def _rope_entries():
         "hf_qk_norm_rope_out": ("hf_qk_norm_rope_out", hf_qk_norm(True)),
         "ltx_rope_from_coords": ("ltx_rope_from_coords", ltx(False)),
         "ltx_qk_norm_rope_from_coords": ("ltx_qk_norm_rope_from_coords", ltx(True)),
+        # backward: q's and k's gradients in q's and k's place (the same layouts)
+        "rope_backward[neox]": ("rope_backward", rope("neox", False, False, True)),
+        "rope_backward[interleaved,fp32]": ("rope_backward", rope("interleaved", True, False, False)),
+        "ltx_rope_from_coords_backward": ("ltx_rope_from_coords_backward", ltx(False)),
+        # the fused q/k norm + RoPE backward: grad_q, grad_k in q's and k's layout, the forward's inputs, the mask
+        "qk_norm_rope_backward": ("qk_norm_rope_backward", qk_backward(qk_norm(False), True, [True] * 4)),
+        "qk_norm_rope_backward[fp32_weights,dqk]": ("qk_norm_rope_backward", qk_backward(qk_norm(True), True,
+                                                                                          [True, True, False, False])),
+        "hf_qk_norm_rope_backward": ("hf_qk_norm_rope_backward", qk_backward(hf_qk_norm(False), False, [True] * 4)),
+        "ltx_qk_norm_rope_from_coords_backward": ("ltx_qk_norm_rope_from_coords_backward",
+                                                  ltx_qk_backward([True] * 4)),
     }
 
 
@@ -438,11 +524,93 @@ def _gemm_entries():
     }
 
 
+# ---- the fused linear cross-entropy: hidden [B*S, H] in the row case's layout, a vocabulary of 37 ----
+# (its hidden is 2-D: no "strided" case, whose check wants a 3-D view; the GEMMs take any strides)
+
+LOSS_VOCAB = 37
+LOSS_CASES = tuple(c for c in CASES if c != "strided")
+
+
+def _loss_entries():
+    def inputs(m, case):
+        (B, S, H), lay = _rows(m, case)
+        hidden = m.tensor((B * S, H), lay, scale=1.0, offset=0.0)
+        weight = m.tensor((LOSS_VOCAB, H), scale=0.2, offset=0.0)
+        target = torch.randint(0, LOSS_VOCAB, (B * S,), generator=m.gen)
+        target[::3] = -100
+        return hidden, weight, target.to(m.device)
+
+    def flce(reduction: str, grads: bool):
+        def build(m, case):
+            hidden, weight, target = inputs(m, case)
+            return (hidden, weight, target, None, -100, reduction, 0.1, 20.0, [grads, grads, False], 0), ()
+        return build
+
+    def flce_backward(m, case):
+        hidden, weight, target = inputs(m, case)
+        grad = m.place(m.uniform((hidden.shape[0],), 0.5, 1.5), _rows(m, case)[1], dtype=torch.float32)
+        return (grad, hidden, weight, target, None, -100, "none", 0.0, None, [True, True, False], 0), ()
+
+    return {
+        "fused_linear_cross_entropy[sum,grads]": ("fused_linear_cross_entropy", flce("sum", True)),
+        "fused_linear_cross_entropy[none]": ("fused_linear_cross_entropy", flce("none", False)),
+        "fused_linear_cross_entropy_backward[none]": ("fused_linear_cross_entropy_backward", flce_backward),
+    }
+
+
+# ---- GroupNorm: x [N, C, *spatial] channels-first or channels-last ----
+
+# case -> (x's shape, groups, layout): whole groups, split groups (chunk moments combined inline, or by
+# the finalize kernel past 32 chunks), the element-by-element path (odd spatial, misaligned), and
+# channels-last ([N, C, L] for "strided": the channel stride is 1, the tensor not contiguous).
+GROUP_NORM_SHAPES = {
+    "small": ((2, 16, 4, 4), 4, "channels_first"),
+    "aligned": ((2, 64, 16, 16), 8, "channels_first"),
+    "wide": ((1, 64, 64, 64), 4, "channels_first"),
+    "odd": ((2, 6, 5, 7), 3, "channels_first"),
+    "unaligned": ((2, 16, 8, 8), 4, "offset"),
+    "strided": ((2, 40, 36), 8, "channels_last"),
+    "split": ((1, 8, 256, 256), 1, "channels_first"),
+    "split_vec": ((1, 64, 48, 48), 8, "channels_last"),
+    "empty": ((0, 16, 4, 4), 4, "channels_first"),
+    "empty_width": ((2, 16, 0, 4), 4, "channels_first"),
+}
+
+
+def _gn_place(m: Maker, values: torch.Tensor, layout: str) -> torch.Tensor:
+    if layout == "channels_last":
+        return m.place(values.movedim(1, -1).contiguous()).movedim(-1, 1)
+    return m.place(values, "offset" if layout == "offset" else "contiguous")
+
+
+def _group_norm_entries():
+    def gn(affine: bool, add: bool, out: bool, activation: str):
+        def build(m, case):
+            shape, groups, layout = GROUP_NORM_SHAPES[case]
+            c = shape[1]
+            x = _gn_place(m, m.values(shape), layout)
+            w, b = (m.param(c), m.tensor((c,), scale=0.5, offset=0.0)) if affine else (None, None)
+            args = ((x, m.tensor((shape[0], c), scale=0.5)) if add else (x,)) + (groups, w, b, EPS, activation)
+            if not out:
+                return args, ()
+            dst = _gn_place(m, torch.full(shape, float("nan")), layout)
+            return (dst, *args), (0,)
+        return build
+
+    return {
+        "group_norm": ("group_norm", gn(True, False, False, "silu")),
+        "group_norm[plain]": ("group_norm", gn(False, False, False, "none")),
+        "group_norm_out": ("group_norm_out", gn(True, False, True, "none")),
+        "add_group_norm": ("add_group_norm", gn(True, True, False, "silu")),
+        "add_group_norm_out": ("add_group_norm_out", gn(False, True, True, "silu")),
+    }
+
+
 # Ops that launch nothing (host queries): covered by the rest of their family.
 QUERY_OPS = ("linear_gelu_fused",)
 
 FAMILIES = {"norm": _norm_entries(), "activation": _activation_entries(), "rope": _rope_entries(),
-            "gemm": _gemm_entries()}
+            "gemm": _gemm_entries(), "loss": _loss_entries(), "group_norm": _group_norm_entries()}
 ENTRIES: dict[str, tuple[str, str, Callable]] = {
     name: (family, op, build) for family, entries in FAMILIES.items() for name, (op, build) in entries.items()
 }
@@ -451,8 +619,8 @@ COVERED_OPS = sorted({op for _, op, _ in ENTRIES.values()} | set(QUERY_OPS))
 
 def cases_of(name: str) -> tuple[str, ...]:
     family = ENTRIES[name][0]
-    shapes = ROPE_SHAPES if family == "rope" else ROW_SHAPES
-    return tuple(c for c in CASES if c in shapes)
+    shapes = {"rope": ROPE_SHAPES, "group_norm": GROUP_NORM_SHAPES}.get(family, ROW_SHAPES)
+    return tuple(c for c in CASES if c in shapes and (family != "loss" or c in LOSS_CASES))
 
 
 def build(name: str, dtype: torch.dtype, case: str, device="cuda", seed: int = 0) -> OpCall:

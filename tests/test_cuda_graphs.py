@@ -208,6 +208,75 @@ def _cases():
     c["linear_gelu/separate_path"] = (ffn_inputs, lambda tk, t: (tk.ops.linear_gelu.default(t["xt"], t["w"], t["b"]),))
     c["linear_gelu_out"] = (ffn_inputs, lambda tk, t: _out(
         lambda o: tk.ops.linear_gelu_out.default(o, t["x"], t["w"], t["b"]), t["x"].new_empty(2, 512, 8192)))
+
+    # ---- training: the backward ops (a training step captured whole) and the fused linear cross-entropy ----
+    c["activation_backward"] = (act, lambda tk, t: (tk.ops.activation_backward.default(t["y"], t["x"], "gelu_tanh"),))
+    c["act_and_mul_backward"] = (act, lambda tk, t: (tk.ops.act_and_mul_backward.default(
+        t["y"][..., :4096], t["x"], "silu", True),))
+    c["act_mul_backward"] = (act, lambda tk, t: tk.ops.act_mul_backward.default(t["g"], t["g"], t["u"], "silu"))
+    c["gated_add_backward"] = (act, lambda tk, t: tk.ops.gated_add_backward.default(t["y"], t["x"], t["gate"],
+                                                                                    [True, True]))
+    c["rope_backward/interleaved_fp32"] = (flux, lambda tk, t: tk.ops.rope_backward.default(
+        t["q"], t["k"], t["cos"], t["sin"], "interleaved", True))
+    c["rope_backward/hf"] = (hf_inputs(1, 512), lambda tk, t: tk.ops.rope_backward.default(
+        t["q"].transpose(1, 2), t["k"].transpose(1, 2), t["cos"], t["sin"], "neox", False))
+    c["ltx_rope_from_coords_backward"] = (ltx_qk, lambda tk, t: tk.ops.ltx_rope_from_coords_backward.default(
+        t["q"], t["k"], t["grid"], t["freqs"]))
+    c["rms_norm_backward"] = (norm_inputs((2, 333), hidden), lambda tk, t: tk.ops.rms_norm_backward.default(
+        t["r"], t["x"], t["w"], 1e-6, [True, True]))
+    c["fused_add_rms_norm_backward"] = (norm_inputs((2, 333), hidden), lambda tk, t: (
+        tk.ops.fused_add_rms_norm_backward.default(t["r"], t["r"], t["x"], t["w"], 1e-6, [True, True])))
+    c["layer_norm_backward"] = (ln_inputs((2, 1024), 3072), lambda tk, t: tk.ops.layer_norm_backward.default(
+        t["x"], t["x"], t["w"], t["b"], 1e-6, [True, True, True]))
+    c["norm_modulate_backward"] = (ltx, lambda tk, t: tk.ops.norm_modulate_backward.default(
+        t["y"], t["x"], t["scale"], t["shift"], t["w"], None, 1e-6, "rms", [True] * 4 + [False]))
+    c["gated_add_norm_modulate_backward"] = (ltx, lambda tk, t: tk.ops.gated_add_norm_modulate_backward.default(
+        t["y"], t["y"], t["x"], t["y"], t["gate"], t["scale"], t["shift"], t["w"], None, 1e-6, "rms",
+        [True] * 6 + [False]))
+    c["qk_norm_rope_backward"] = (flux, lambda tk, t: tk.ops.qk_norm_rope_backward.default(
+        t["q"], t["k"], t["q"], t["k"], t["q"][0, 0, 0].float().abs() + 0.5, t["k"][0, 0, 0].float().abs() + 0.5,
+        1e-6, t["cos"], t["sin"], [True] * 4))
+    c["hf_qk_norm_rope_backward"] = (hf_inputs(1, 256), lambda tk, t: tk.ops.hf_qk_norm_rope_backward.default(
+        t["q"].transpose(1, 2), t["k"].transpose(1, 2), t["q"].transpose(1, 2), t["k"].transpose(1, 2), t["qw"],
+        t["kw"], 1e-6, t["cos"], t["sin"], [True] * 4))
+    c["ltx_qk_norm_rope_from_coords_backward"] = (ltx_qk, lambda tk, t: (
+        tk.ops.ltx_qk_norm_rope_from_coords_backward.default(t["q"], t["k"], t["q"], t["k"], t["qw"], t["kw"], 1e-6,
+                                                             t["grid"], t["freqs"], [True] * 4)))
+
+    def lm_head_inputs():  # a 32 K vocabulary, 600 tokens: chunks of 8 by the memory rule, some ignored
+        target = torch.randint(0, 32000, (600,), device="cuda")
+        target[::5] = -100
+        return {"h": _rand(600, 256), "w": _rand(32000, 256, scale=0.05), "t": target,
+                "g": torch.rand(600, device="cuda"), "one": torch.ones((), device="cuda")}
+
+    c["fused_linear_cross_entropy"] = (lm_head_inputs, lambda tk, t: tk.ops.fused_linear_cross_entropy.default(
+        t["h"], t["w"], t["t"], None, -100, "mean", 0.1, 30.0, [True, True, False], 0)[:3])
+    c["fused_linear_cross_entropy/none"] = (lm_head_inputs, lambda tk, t: (
+        tk.ops.fused_linear_cross_entropy.default(t["h"], t["w"], t["t"], None, -100, "none", 0.0, None,
+                                                  [False, False, False], 128)[0],))
+    c["fused_linear_cross_entropy_backward"] = (lm_head_inputs, lambda tk, t: (
+        tk.ops.fused_linear_cross_entropy_backward.default(t["g"], t["h"], t["w"], t["t"], None, -100, "none", 0.0,
+                                                           None, [True, True, False], 0)[:2]))
+
+    # GroupNorm (SD resnets): whole groups, split groups (inline and finalize-kernel combine),
+    # channels-last (three kernels), the time add; the statistics workspace comes from the graph's pool
+    def gn_inputs(n, c_, h, w):
+        return lambda: {"x": _rand(n, c_, h, w), "xl": _rand(n, h, w, c_).permute(0, 3, 1, 2), "temb": _rand(n, c_),
+                        "w": _rand(c_, scale=0.2), "b": _rand(c_, scale=0.2)}
+
+    for label, shape in [("whole", (64, 64, 8, 8)), ("split", (2, 320, 64, 64)), ("finalize", (1, 128, 256, 256))]:
+        c[f"group_norm/{label}"] = (gn_inputs(*shape), lambda tk, t: (tk.ops.group_norm.default(
+            t["x"], 32, t["w"], t["b"], 1e-5, "silu"),))
+    c["group_norm/channels_last"] = (gn_inputs(2, 320, 64, 64), lambda tk, t: (tk.ops.group_norm.default(
+        t["xl"], 32, t["w"], t["b"], 1e-5, "silu"),))
+    c["group_norm_out"] = (gn_inputs(2, 320, 32, 32), lambda tk, t: _out(lambda o: tk.ops.group_norm_out.default(
+        o, t["x"], 32, None, None, 1e-6, "none"), t["x"]))
+    c["add_group_norm"] = (gn_inputs(2, 320, 64, 64), lambda tk, t: (tk.ops.add_group_norm.default(
+        t["x"], t["temb"], 32, t["w"], t["b"], 1e-5, "silu"),))
+    c["add_group_norm/channels_last"] = (gn_inputs(2, 640, 32, 32), lambda tk, t: (tk.ops.add_group_norm.default(
+        t["xl"], t["temb"], 32, t["w"], t["b"], 1e-5, "silu"),))
+    c["add_group_norm_out"] = (gn_inputs(2, 320, 32, 32), lambda tk, t: _out(lambda o: tk.ops.add_group_norm_out.default(
+        o, t["x"], t["temb"], 32, t["w"], t["b"], 1e-5, "silu"), t["x"]))
     return c
 
 

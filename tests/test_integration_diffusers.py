@@ -82,12 +82,15 @@ LTX_REPLACED_WITHOUT = {
     "norm_modulate": {"ltx_rope_coords": 1, **_MERGED, "ltx_attention": 4, "rms_norm": 4, **_FFN, "layer_norm": 1},
     "merge_projections": {"ltx_rope_coords": 1, "ltx_block": 2, "ltx_attention": 4, **_FFN, "layer_norm": 1},
     "linear_gelu": {"ltx_rope_coords": 1, **_MERGED, "ltx_block": 2, "ltx_attention": 4, "gelu": 3, "layer_norm": 1},
+    # Stable Diffusion's switches: LTX-Video has no GroupNorm or GEGLU (tests/test_integration_sd.py)
+    "group_norm": LTX_REPLACED,
+    "geglu": LTX_REPLACED,
 }
 
 
 def test_switches():
-    assert SWITCHES == ("gelu", "layer_norm", "linear_gelu", "merge_projections", "norm_modulate", "qk_norm_rope",
-                        "rms_norm", "rope")
+    assert SWITCHES == ("geglu", "gelu", "group_norm", "layer_norm", "linear_gelu", "merge_projections",
+                        "norm_modulate", "qk_norm_rope", "rms_norm", "rope")
     with pytest.raises(TypeError, match="unknown switch"):
         inject(small_ltx(), EAGER_TK, swiglu=False)  # a transformers switch: not this table's
 
@@ -97,8 +100,8 @@ def test_each_switch_off_report(off):
     report = inject(small_ltx(), EAGER_TK, **{off: False})
     assert report.replaced == LTX_REPLACED_WITHOUT[off], report
     # the unfused attention rule takes what the fused one leaves, the unmerged rules what the merged
-    # ones leave, the gelu rule what linear_gelu leaves
-    if off not in ("qk_norm_rope", "merge_projections", "linear_gelu"):
+    # ones leave, the gelu rule what linear_gelu leaves; no rule of the SD switches matches LTX-Video
+    if off not in ("qk_norm_rope", "merge_projections", "linear_gelu", "group_norm", "geglu"):
         assert any(f"{off}=False" in why for why in report.skipped.values()), report
     assert f"switched off: {off}" in str(report)
 

@@ -34,5 +34,5 @@ def test_pip_install_and_import_from_another_directory(tmp_path):
                          env={"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"})
     assert run.returncode == 0, run.stderr
     assert "asks: no local build given" in run.stdout and "TRANSFORMER_KERNELS_ROOT" in run.stdout
-    assert ("switches: fused_add_rms_norm gelu layer_norm linear_gelu merge_projections norm_modulate qk_norm_rope "
-            "rms_norm rope swiglu") in run.stdout
+    assert ("switches: fused_add_rms_norm fused_linear_cross_entropy geglu gelu group_norm layer_norm linear_gelu "
+            "merge_projections norm_modulate qk_norm_rope rms_norm rope swiglu") in run.stdout

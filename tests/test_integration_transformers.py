@@ -94,7 +94,8 @@ def test_report(name, merge):
 
 
 def test_switches_are_the_table_s_and_unknown_ones_are_refused(tk):
-    assert SWITCHES == ("fused_add_rms_norm", "merge_projections", "qk_norm_rope", "rms_norm", "rope", "swiglu")
+    assert SWITCHES == ("fused_add_rms_norm", "fused_linear_cross_entropy", "merge_projections", "qk_norm_rope",
+                        "rms_norm", "rope", "swiglu")
     with pytest.raises(TypeError, match=r"unknown switch\(es\) \['rmsnorm'\]; the switches are"):
         inject(small_model("llama"), tk, rmsnorm=False)
     with pytest.raises(TypeError, match="True or False"):
@@ -111,6 +112,7 @@ REPLACED_WITHOUT = {
         "fused_add_rms_norm": {"merged_gate_up_mlp": 2, "rms_norm": 5, "merged_qkv_rope": 2},
         "qk_norm_rope": REPLACED["llama"],
         "merge_projections": REPLACED_UNMERGED["llama"],
+        "fused_linear_cross_entropy": REPLACED["llama"],  # its rule applies in training only
     },
     "qwen3": {
         "rms_norm": {"merged_gate_up_mlp": 2, "rope": 2},
@@ -119,6 +121,7 @@ REPLACED_WITHOUT = {
         "fused_add_rms_norm": {"merged_gate_up_mlp": 2, "rms_norm": 5, "merged_qkv_qk_norm_rope": 2},
         "qk_norm_rope": {"decoder_layer": 2, "merged_gate_up_mlp": 2, "rms_norm": 7, "rope": 2},
         "merge_projections": REPLACED_UNMERGED["qwen3"],
+        "fused_linear_cross_entropy": REPLACED["qwen3"],
     },
 }
 
@@ -131,8 +134,9 @@ def test_each_switch_off(tk, name, off):
     assert report.replaced == REPLACED_WITHOUT[name][off], report
     assert report.switches[off] is False and all(v for k, v in report.switches.items() if k != off)
     # without qk_norm_rope the rope and rms_norm rules take what the fused rule leaves, without
-    # merge_projections the unmerged rules
-    if off not in ("qk_norm_rope", "merge_projections"):
+    # merge_projections the unmerged rules; fused_linear_cross_entropy's rule is not in the
+    # inference table (test_training_integration turns it off in training)
+    if off not in ("qk_norm_rope", "merge_projections", "fused_linear_cross_entropy"):
         assert any(f"{off}=False" in why for why in report.skipped.values()), report
     assert f"switched off: {off}" in str(report)
 
@@ -514,6 +518,40 @@ def test_merged_projections_state_dict_save_and_load(monkeypatch, tmp_path):
         torch.testing.assert_close(model(ids).logits, fresh(ids).logits, rtol=0, atol=0)
 
 
+def test_merged_projections_follow_replaced_children_and_moved_data(monkeypatch):
+    """What the per-call check notices: a child Linear replaced by another (merged again), one
+    wrapped in another module (that merge turns off, the separate projections run), a weight's
+    .data moved to new storage (merged again). The logits stay the eager model's."""
+    import copy
+
+    model, reference = small_model("llama"), small_model("llama")
+    monkeypatch.setattr(transformers_models, "KERNEL_DEVICES", ("cpu",))
+    inject(model, EAGER_TK)
+    ids = torch.randint(0, 101, (2, 7), generator=torch.Generator().manual_seed(8))
+    attn, ref_attn = model.model.layers[0].self_attn, reference.model.layers[0].self_attn
+
+    def check():
+        with torch.no_grad():
+            torch.testing.assert_close(model(ids).logits, reference(ids).logits, rtol=0, atol=0)
+
+    torch.manual_seed(1)
+    new = torch.nn.Linear(64, attn.k_proj.out_features, bias=False)
+    ref_attn.k_proj, attn.k_proj = copy.deepcopy(new), new
+    check()
+    merged = attn._tk_merged["qkv"]
+    assert merged.enabled and new.weight.untyped_storage().data_ptr() == merged.weight.untyped_storage().data_ptr()
+
+    mlp, ref_mlp = model.model.layers[1].mlp, reference.model.layers[1].mlp
+    mlp.up_proj, ref_mlp.up_proj = torch.nn.Sequential(mlp.up_proj), torch.nn.Sequential(ref_mlp.up_proj)
+    check()
+    assert not mlp._tk_merged["gate_up"].enabled
+
+    moved = attn.q_proj.weight.detach().clone() * 3
+    attn.q_proj.weight.data, ref_attn.q_proj.weight.data = moved, moved.clone()
+    check()
+    assert attn.q_proj.weight.untyped_storage().data_ptr() == merged.weight.untyped_storage().data_ptr()
+
+
 def test_projections_that_cannot_merge_fall_to_the_unmerged_rules():
     model = small_model("llama")
     model.model.layers[0].self_attn.k_proj = torch.nn.Sequential(model.model.layers[0].self_attn.k_proj)  # a wrapper
@@ -579,10 +617,12 @@ def test_injected_model_matches_eager_on_gpu(tk, name):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("merge", [True, False], ids=["merged", "unmerged"])
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
-def test_qwen3_fused_attention_matches_eager_on_gpu(tk, attn):
+def test_qwen3_fused_attention_matches_eager_on_gpu(tk, attn, merge):
     """The fused q/k norm + RoPE kernel in a Qwen3 model with Qwen3-8B's head layout (GQA 4:1,
-    head_dim 128): prefill and a cached decode step against the eager model, within bf16 tolerance."""
+    head_dim 128), on q/k/v from one GEMM or three: prefill and a cached decode step against the
+    eager model, within bf16 tolerance."""
     config = transformers.Qwen3Config(hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                                       num_attention_heads=8, num_key_value_heads=2, head_dim=128, vocab_size=101,
                                       rope_theta=1000000.0, attn_implementation=attn)
@@ -593,7 +633,8 @@ def test_qwen3_fused_attention_matches_eager_on_gpu(tk, attn):
     ids = torch.randint(0, 101, (2, 37), device="cuda")
     expected = prefill_then_decode(model, ids)
     kernels = CountingKernels(tk)
-    assert inject(model, kernels).replaced["qk_norm_rope"] == 2
+    rule = "merged_qkv_qk_norm_rope" if merge else "qk_norm_rope"  # the report names the attention's path
+    assert inject(model, kernels, merge_projections=merge).replaced[rule] == 2
     for ours, eager in zip(prefill_then_decode(model, ids), expected):
         assert ((ours.float() - eager.float()).norm() / eager.float().norm()).item() < 1e-2
     assert kernels.calls["hf_qk_norm_rope"] == 4  # both layers, prefill and decode

@@ -1,10 +1,10 @@
 """linear_gelu: gelu_tanh(x @ W^T + b) through cuBLASLt's GELU-bias epilogue.
 
-The epilogue rounds once where eager (F.linear, then F.gelu) rounds twice, so the output is not
-eager's bits: each case measures eager's own error against a float64 reference on the same inputs
-and requires ours to be no worse than a small multiple of it. The separate path (F.linear + our
-gelu_tanh kernel, taken where cuBLASLt has no epilogue algorithm) must match eager to an ulp.
-GPU tests are marked; the fake impls and the CPU rejection run anywhere."""
+The epilogue (float16/bfloat16) rounds once where eager (F.linear, then F.gelu) rounds twice, so the
+output is not eager's bits: each case measures eager's own error against a float64 reference on the
+same inputs and requires ours to be no worse than a small multiple of it. The separate path
+(F.linear + our gelu_tanh kernel, taken for float32 and where cuBLASLt has no epilogue algorithm)
+must match eager to an ulp. GPU tests are marked; the fake impls and the CPU rejection run anywhere."""
 
 import math
 
@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from helpers import DTYPES, assert_all_written, assert_matches_eager, assert_rejects, random_input, with_poisoned_outputs
 
 gpu = pytest.mark.gpu
+EPILOGUE_DTYPES = [torch.float16, torch.bfloat16]  # float32 takes the separate path
 
 # (leading shape of x, in_features, out_features): the FFN input projections (LTX-Video 2048 ->
 # 8192, SD3 1536 -> 6144, Flux 3072 -> 12288, here with fewer tokens), decode-sized rows, and odd
@@ -71,8 +72,15 @@ def epilogue_expected(dtype, rows, k, n):
     return dtype == torch.bfloat16 and aligned and torch.cuda.get_device_capability() >= (8, 0)
 
 
+def assert_separate_path_matches_eager(out, x, weight, bias):
+    """F.linear's bits, then our gelu_tanh: eager's result to an ulp of the GELU's terms."""
+    pre = F.linear(x, weight, bias)
+    magnitude = F.gelu(pre.double(), approximate="tanh").abs() + 0.5 * pre.double().abs() + 1e-3
+    assert_matches_eager(out, eager(x, weight, bias), magnitude, 2)
+
+
 @gpu
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("dtype", EPILOGUE_DTYPES, ids=str)
 @pytest.mark.parametrize("lead,k,n", SHAPES, ids=lambda v: str(v))
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
 def test_accuracy_against_float64_no_worse_than_eager(tk, dtype, lead, k, n, bias):
@@ -89,7 +97,23 @@ def test_accuracy_against_float64_no_worse_than_eager(tk, dtype, lead, k, n, bia
 
 
 @gpu
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("tf32", [False, True], ids=["ieee", "tf32"])
+@pytest.mark.parametrize("lead,k,n", SHAPES, ids=lambda v: str(v))
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
+def test_float32_takes_the_separate_path(tk, monkeypatch, lead, k, n, bias, tf32):
+    """float32 never takes the epilogue (its GELU is less accurate than eager's in fp32): F.linear,
+    with or without TF32 as torch.backends.cuda.matmul.allow_tf32 says, then our gelu_tanh kernel,
+    eager's result to an ulp."""
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", tf32)
+    x, weight, b = make_inputs(lead, k, n, torch.float32, bias)
+    assert not tk.linear_gelu_fused(x, weight, b)
+    out = with_poisoned_outputs(lambda: [tk.linear_gelu(x, weight, b)], torch.empty(*lead, n, device="cuda"))[0]
+    assert_all_written(out)
+    assert_separate_path_matches_eager(out, x, weight, b)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", EPILOGUE_DTYPES, ids=str)
 def test_epilogue_rounds_once(tk, dtype):
     """Where the epilogue runs, the result is the rounding of the fp32 value: closer to float64 than
     eager on average (eager rounds the pre-activation first)."""
@@ -113,10 +137,7 @@ def test_separate_path_for_views_the_epilogue_cannot_take(tk, dtype):
     wt = w.t().contiguous().t()  # [48, 96] with stride (1, 48)
     for weight in (w, wt):
         assert not tk.linear_gelu_fused(x, weight, b)
-        out = tk.linear_gelu(x, weight, b)
-        pre = F.linear(x, weight, b)
-        magnitude = F.gelu(pre.double(), approximate="tanh").abs() + 0.5 * pre.double().abs() + 1e-3
-        assert_matches_eager(out, eager(x, weight, b), magnitude, 2)
+        assert_separate_path_matches_eager(tk.linear_gelu(x, weight, b), x, weight, b)
 
 
 @gpu

@@ -81,6 +81,17 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   // Whether linear_gelu takes the epilogue for these arguments on this GPU (a host query).
   ops.def("linear_gelu_fused(Tensor x, Tensor weight, Tensor? bias) -> bool");
 
+  // GroupNorm of x [N, C, *spatial] (channels-first or channels-last, kept), as F.group_norm computes it
+  // on CUDA, with activation "none" | "silu" applied to the rounded result; add_group_norm normalizes
+  // x + bias_nc (bias_nc [N or 1, C(, 1, ...)]: ResnetBlock2D's time embedding) and returns only the norm.
+  ops.def("group_norm(Tensor x, int num_groups, Tensor? weight, Tensor? bias, float eps, str activation) -> Tensor");
+  ops.def("group_norm_out(Tensor! out, Tensor x, int num_groups, Tensor? weight, Tensor? bias, float eps, "
+          "str activation) -> ()");
+  ops.def("add_group_norm(Tensor x, Tensor bias_nc, int num_groups, Tensor? weight, Tensor? bias, float eps, "
+          "str activation) -> Tensor");
+  ops.def("add_group_norm_out(Tensor! out, Tensor x, Tensor bias_nc, int num_groups, Tensor? weight, Tensor? bias, "
+          "float eps, str activation) -> ()");
+
   // Every op is registered for CPU too, with the same entry point: CPU tensors then fail with a
   // clear "must be a CUDA tensor" instead of the dispatcher's "no kernel for CPU".
   for (const auto key : {torch::kCUDA, torch::kCPU}) {
@@ -116,6 +127,10 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
     ops.impl("linear_gelu", key, &tk::linear_gelu);
     ops.impl("linear_gelu_out", key, &tk::linear_gelu_out);
     ops.impl("linear_gelu_fused", key, &tk::linear_gelu_fused);
+    ops.impl("group_norm", key, &tk::group_norm);
+    ops.impl("group_norm_out", key, &tk::group_norm_out);
+    ops.impl("add_group_norm", key, &tk::add_group_norm);
+    ops.impl("add_group_norm_out", key, &tk::add_group_norm_out);
   }
 
   // ---- backward ops (norm family, gated_add, fused q/k norm + RoPE): the forward's inputs (or
@@ -151,6 +166,38 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
     ops.impl("qk_norm_rope_backward", key, &tk::qk_norm_rope_backward);
     ops.impl("hf_qk_norm_rope_backward", key, &tk::hf_qk_norm_rope_backward);
     ops.impl("ltx_qk_norm_rope_from_coords_backward", key, &tk::ltx_qk_norm_rope_from_coords_backward);
+  }
+
+  // ---- training: backward of the activations and the out-of-place rotations; fused linear cross-entropy ----
+  // The gradients of act(x), act_and_mul(x) and act_mul(gate, up) given the output's gradient `grad`
+  // (the activation recomputed from the saved input; eager autograd's rounding).
+  ops.def("activation_backward(Tensor grad, Tensor x, str act) -> Tensor");
+  ops.def("act_and_mul_backward(Tensor grad, Tensor x, str act, bool act_first) -> Tensor");
+  ops.def("act_mul_backward(Tensor grad, Tensor gate, Tensor up, str act) -> (Tensor, Tensor)");
+  // The gradients of q and k of `rope` / `ltx_rope_from_coords`: the rotation by -theta (the forward
+  // kernels with the sines transposed). The tables, grid and freqs get none.
+  ops.def("rope_backward(Tensor grad_q, Tensor grad_k, Tensor cos, Tensor sin, str style, bool fp32_math) "
+          "-> (Tensor, Tensor)");
+  ops.def("ltx_rope_from_coords_backward(Tensor grad_q, Tensor grad_k, Tensor grid, Tensor freqs) -> (Tensor, Tensor)");
+  // cross_entropy(hidden [N, H] @ weight [V, H]^T (+ bias), target [N]) chunk by chunk over the tokens,
+  // never holding [N, V] logits; reduction "mean" | "sum" | "none"; soft-capping cap * tanh(z / cap).
+  // -> (loss, grad_hidden, grad_weight, grad_bias): the gradients compute_grads asks for (dloss = 1),
+  // computed in the same pass (empty [0] tensors otherwise; never with reduction "none").
+  ops.def("fused_linear_cross_entropy(Tensor hidden, Tensor weight, Tensor target, Tensor? bias, int ignore_index, "
+          "str reduction, float label_smoothing, float? softcap, bool[3] compute_grads, int chunk_rows) "
+          "-> (Tensor, Tensor, Tensor, Tensor)");
+  // The same gradients for an incoming grad_loss (a scalar, or [N] for "none"), the logits recomputed.
+  ops.def("fused_linear_cross_entropy_backward(Tensor grad_loss, Tensor hidden, Tensor weight, Tensor target, "
+          "Tensor? bias, int ignore_index, str reduction, float label_smoothing, float? softcap, bool[3] compute_grads, "
+          "int chunk_rows) -> (Tensor, Tensor, Tensor)");
+  for (const auto key : {torch::kCUDA, torch::kCPU}) {  // the cross-entropy runs on CPU too (a reference path)
+    ops.impl("activation_backward", key, &tk::activation_backward);
+    ops.impl("act_and_mul_backward", key, &tk::act_and_mul_backward);
+    ops.impl("act_mul_backward", key, &tk::act_mul_backward);
+    ops.impl("rope_backward", key, &tk::rope_backward);
+    ops.impl("ltx_rope_from_coords_backward", key, &tk::ltx_rope_from_coords_backward);
+    ops.impl("fused_linear_cross_entropy", key, &tk::fused_linear_cross_entropy);
+    ops.impl("fused_linear_cross_entropy_backward", key, &tk::fused_linear_cross_entropy_backward);
   }
 }
 

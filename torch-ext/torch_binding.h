@@ -163,5 +163,44 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> ltx_qk_no
     const torch::Tensor& grad_q_out, const torch::Tensor& grad_k_out, const torch::Tensor& q, const torch::Tensor& k,
     const torch::Tensor& q_weight, const torch::Tensor& k_weight, double eps, const torch::Tensor& grid,
     const torch::Tensor& freqs, std::array<bool, 4> output_mask);
+// ---- training (csrc/activation/activation_backward.cu, csrc/rope/rope.cu, csrc/loss/) ----
+// grad: the forward output's gradient; returns the inputs' gradients ([..., 2H] for act_and_mul).
+torch::Tensor activation_backward(const torch::Tensor& grad, const torch::Tensor& x, std::string_view act);
+torch::Tensor act_and_mul_backward(const torch::Tensor& grad, const torch::Tensor& x, std::string_view act,
+                                   bool act_first);
+std::tuple<torch::Tensor, torch::Tensor> act_mul_backward(const torch::Tensor& grad, const torch::Tensor& gate,
+                                                          const torch::Tensor& up, std::string_view act);
+// grad_q [B, S, Hq, d], grad_k [B, S, Hk, d] (rope's layout); cos, sin as rope's -> (grad of q, grad of k)
+std::tuple<torch::Tensor, torch::Tensor> rope_backward(const torch::Tensor& grad_q, const torch::Tensor& grad_k,
+                                                       const torch::Tensor& cos, const torch::Tensor& sin,
+                                                       std::string_view style, bool fp32_math);
+// grad_q, grad_k [B, S, C]; grid, freqs as ltx_rope_from_coords'
+std::tuple<torch::Tensor, torch::Tensor> ltx_rope_from_coords_backward(const torch::Tensor& grad_q,
+                                                                       const torch::Tensor& grad_k,
+                                                                       const torch::Tensor& grid,
+                                                                       const torch::Tensor& freqs);
+// hidden [N, H], weight [V, H], target [N] int64, bias [V]; -> (loss: [] or [N] fp32, grad_hidden [N, H],
+// grad_weight [V, H], grad_bias [V]; ungiven gradients are empty [0] tensors)
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> fused_linear_cross_entropy(
+    const torch::Tensor& hidden, const torch::Tensor& weight, const torch::Tensor& target, const OptTensor& bias,
+    int64_t ignore_index, std::string_view reduction, double label_smoothing, std::optional<double> softcap,
+    std::array<bool, 3> compute_grads, int64_t chunk_rows);
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> fused_linear_cross_entropy_backward(
+    const torch::Tensor& grad_loss, const torch::Tensor& hidden, const torch::Tensor& weight,
+    const torch::Tensor& target, const OptTensor& bias, int64_t ignore_index, std::string_view reduction,
+    double label_smoothing, std::optional<double> softcap, std::array<bool, 3> compute_grads, int64_t chunk_rows);
+
+// ---- GroupNorm (csrc/group_norm/group_norm.cu) ----
+// x: [N, C, *spatial], channels-first (NCHW, NCDHW) or channels-last (NHWC, NDHWC), any batch stride;
+// weight, bias: [C] in x's dtype; activation "none" | "silu". The output keeps x's layout.
+torch::Tensor group_norm(const torch::Tensor& x, int64_t num_groups, const OptTensor& weight, const OptTensor& bias,
+                         double eps, std::string_view activation);
+void group_norm_out(torch::Tensor& out, const torch::Tensor& x, int64_t num_groups, const OptTensor& weight,
+                    const OptTensor& bias, double eps, std::string_view activation);
+// The same of h = x + bias_nc ([N or 1, C] or [N or 1, C, 1, ...], x's dtype): ResnetBlock2D's time embedding.
+torch::Tensor add_group_norm(const torch::Tensor& x, const torch::Tensor& bias_nc, int64_t num_groups,
+                             const OptTensor& weight, const OptTensor& bias, double eps, std::string_view activation);
+void add_group_norm_out(torch::Tensor& out, const torch::Tensor& x, const torch::Tensor& bias_nc, int64_t num_groups,
+                        const OptTensor& weight, const OptTensor& bias, double eps, std::string_view activation);
 
 }  // namespace transformer_kernels

@@ -112,9 +112,20 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& co
                     q.size(3));
 }
 
+// rope() or, for the backward ops, rope_backward(): only the one asked for is compiled.
+template <RopeStyle kStyle, bool kFp32Math, CosSinSource kSource, bool kInverse, typename T, typename table_t>
+cudaError_t rotate(const RopeParams<T, table_t>& p, cudaStream_t stream) {
+  if constexpr (kInverse) {
+    return rope_backward<kStyle, kFp32Math, kSource>(p, stream);
+  } else {
+    return rope<kStyle, kFp32Math, kSource>(p, stream);
+  }
+}
+
 // positions == nullptr: tables cos, sin [B or 1, S, R]. Otherwise the cached form: cos is the
 // cos_sin_cache [max_position, R] (sin unused) and positions [B * S] picks each token's row.
-template <RopeStyle kStyle, bool kFp32Math, bool kCache>
+// kInverse: the backward (rope.cuh), q and k holding the outputs' gradients.
+template <RopeStyle kStyle, bool kFp32Math, bool kCache, bool kInverse = false>
 void run(at::Tensor& q_out, at::Tensor& k_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
          const at::Tensor& sin, const at::Tensor* positions, bool copy_pass_through) {
   const at::cuda::OptionalCUDAGuard device_guard(q.device());
@@ -139,7 +150,7 @@ void run(at::Tensor& q_out, at::Tensor& k_out, const at::Tensor& q, const at::Te
       p.rotary_dim = static_cast<int>(cos.size(-1));
       p.copy_pass_through = copy_pass_through;
       constexpr CosSinSource kSource = kCache ? CosSinSource::kCache : CosSinSource::kTables;
-      const cudaError_t err = rope<kStyle, kFp32Math, kSource>(p, at::cuda::getCurrentCUDAStream());
+      const cudaError_t err = rotate<kStyle, kFp32Math, kSource, kInverse>(p, at::cuda::getCurrentCUDAStream());
       TORCH_CHECK(err == cudaSuccess, kOp, ": kernel launch failed: ", cudaGetErrorString(err));
     };
     if (cos.scalar_type() == q.scalar_type()) {
@@ -473,10 +484,14 @@ void hf_qk_norm_rope_out(at::Tensor& q_out, at::Tensor& k_out, const at::Tensor&
                                                                          k_weight, eps, from_tables(cos, sin));
 }
 
-std::tuple<at::Tensor, at::Tensor> ltx_rope_from_coords(const at::Tensor& q, const at::Tensor& k,
-                                                        const at::Tensor& grid, const at::Tensor& freqs) {
+namespace {
+// The coordinate rotation of q, k [B, S, C] into new tensors, or its backward (kInverse: q and k
+// holding the outputs' gradients).
+template <bool kInverse>
+std::tuple<at::Tensor, at::Tensor> run_ltx_rope_from_coords(const char* op, const at::Tensor& q, const at::Tensor& k,
+                                                            const at::Tensor& grid, const at::Tensor& freqs) {
   at::Tensor q4, k4;  // [B, S, 1, C] views (not structured bindings: the lambda below captures them)
-  std::tie(q4, k4) = check_ltx_coords(kLtxCoordsOp, q, k, grid, freqs);
+  std::tie(q4, k4) = check_ltx_coords(op, q, k, grid, freqs);
   at::Tensor q_out = at::empty(q.sizes(), q.options());
   at::Tensor k_out = at::empty(k.sizes(), k.options());
   at::Tensor q_out4 = q_out.unsqueeze(2), k_out4 = k_out.unsqueeze(2);
@@ -488,11 +503,17 @@ std::tuple<at::Tensor, at::Tensor> ltx_rope_from_coords(const at::Tensor& q, con
     p.coords = ltx_coords(grid, freqs, q.size(2));
     p.head_dim = p.rotary_dim = static_cast<int>(q.size(2));
     p.copy_pass_through = false;  // every channel is rotated (the identity pairs with cos 1, sin 0)
-    const cudaError_t err = rope<RopeStyle::kInterleaved, /*kFp32Math=*/true, CosSinSource::kLtxCoords>(
+    const cudaError_t err = rotate<RopeStyle::kInterleaved, /*kFp32Math=*/true, CosSinSource::kLtxCoords, kInverse>(
         p, at::cuda::getCurrentCUDAStream());
-    TORCH_CHECK(err == cudaSuccess, kLtxCoordsOp, ": kernel launch failed: ", cudaGetErrorString(err));
+    TORCH_CHECK(err == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(err));
   });
   return {q_out, k_out};
+}
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> ltx_rope_from_coords(const at::Tensor& q, const at::Tensor& k,
+                                                        const at::Tensor& grid, const at::Tensor& freqs) {
+  return run_ltx_rope_from_coords<false>(kLtxCoordsOp, q, k, grid, freqs);
 }
 
 std::tuple<at::Tensor, at::Tensor> ltx_qk_norm_rope_from_coords(const at::Tensor& q, const at::Tensor& k,
@@ -509,6 +530,44 @@ std::tuple<at::Tensor, at::Tensor> ltx_qk_norm_rope_from_coords(const at::Tensor
   run_qk_norm_rope<QkNormRopeForm::kDiffusers, CosSinSource::kLtxCoords>(
       kLtxCoordsNormRopeOp, q_out4, k_out4, q4, k4, q_weight, k_weight, eps, [&coords](auto& p) { p.coords = coords; });
   return {q_out, k_out};
+}
+
+// ---- backward of the out-of-place rotations (the rotation's transpose: rope.cuh's kInverse) ----
+// The same checks, layouts and rounding as the forwards, with grad_q, grad_k (the outputs'
+// gradients) in place of q, k. Channels >= R pass their gradient through. The tables, grid and
+// freqs get no gradient (the Python glue refuses them requiring grad).
+
+namespace {
+void launch_backward(at::Tensor& grad_q_in, at::Tensor& grad_k_in, const at::Tensor& grad_q, const at::Tensor& grad_k,
+                     const at::Tensor& cos, const at::Tensor& sin, std::string_view style, bool fp32_math) {
+  const RopeStyle s = resolve_style(style);
+  auto with = [&](auto style_tag, auto fp32_tag) {
+    run<decltype(style_tag)::value, decltype(fp32_tag)::value, /*kCache=*/false, /*kInverse=*/true>(
+        grad_q_in, grad_k_in, grad_q, grad_k, cos, sin, nullptr, /*copy_pass_through=*/true);
+  };
+  using Neox = std::integral_constant<RopeStyle, RopeStyle::kNeox>;
+  using Interleaved = std::integral_constant<RopeStyle, RopeStyle::kInterleaved>;
+  auto with_fp32 = [&](auto style_tag) {
+    fp32_math ? with(style_tag, std::true_type{}) : with(style_tag, std::false_type{});
+  };
+  s == RopeStyle::kNeox ? with_fp32(Neox{}) : with_fp32(Interleaved{});
+}
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> rope_backward(const at::Tensor& grad_q, const at::Tensor& grad_k,
+                                                 const at::Tensor& cos, const at::Tensor& sin, std::string_view style,
+                                                 bool fp32_math) {
+  check_inputs(grad_q, grad_k, cos, sin, fp32_math);
+  resolve_style(style);
+  at::Tensor grad_q_in = at::empty(grad_q.sizes(), grad_q.options());
+  at::Tensor grad_k_in = at::empty(grad_k.sizes(), grad_k.options());
+  launch_backward(grad_q_in, grad_k_in, grad_q, grad_k, cos, sin, style, fp32_math);
+  return {grad_q_in, grad_k_in};
+}
+
+std::tuple<at::Tensor, at::Tensor> ltx_rope_from_coords_backward(const at::Tensor& grad_q, const at::Tensor& grad_k,
+                                                                 const at::Tensor& grid, const at::Tensor& freqs) {
+  return run_ltx_rope_from_coords<true>("ltx_rope_from_coords_backward", grad_q, grad_k, grid, freqs);
 }
 
 }  // namespace transformer_kernels

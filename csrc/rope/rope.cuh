@@ -209,12 +209,30 @@ TK_DEVICE void store_pairs(T* row, int j0, int num_pairs, const T (&y1)[kPairs],
   }
 }
 
+// The backward of a rotation is its transpose: y1 = x1 c1 - x2 s1, y2 = x2 c2 + x1 s2 has
+// dx1 = dy1 c1 + dy2 s2, dx2 = dy2 c2 - dy1 s1, the same rotation of dy with the sines
+// (s1, s2) -> (-s2, -s1) (kInverse): exact for any tables, a sign flip where s1 == s2.
+template <int kPairs>
+TK_DEVICE void transpose_sines(float (&s1)[kPairs], float (&s2)[kPairs]) {
+#pragma unroll
+  for (int i = 0; i < kPairs; ++i) {
+    const float first = s1[i];
+    s1[i] = -s2[i], s2[i] = -first;
+  }
+}
+template <typename T, int N>
+TK_DEVICE void transpose_sines(vec_t<T, N>& s1, vec_t<T, N>& s2) {
+  const vec_t<T, N> first = s1;
+  s1 = negated(s2), s2 = negated(first);
+}
+
 // One thread handles kPairs pairs per step of each of its group's kRows rows: kRows consecutive
 // heads of one token (q's heads, then k's), which share the token's cos/sin. In the coordinate
 // form the group is q's and k's row of a token (the ops take [B, S, C]: one head each).
+// kInverse: the backward (transpose_sines), x holding the outputs' gradients.
 template <typename Policy, typename T, typename table_t, RopeStyle kStyle, bool kFp32Math, int kPairs,
-          CosSinSource kSource, int kRows>
-TK_DEVICE void rope_body(const RopeParams<T, table_t>& p) {
+          CosSinSource kSource, int kRows, bool kInverse>
+TK_DEVICE void rotate_rows(const RopeParams<T, table_t>& p) {
   constexpr bool kCache = kSource == CosSinSource::kCache;
   constexpr bool kCoords = kSource == CosSinSource::kLtxCoords;
   static_assert(!kCoords || (kStyle == RopeStyle::kInterleaved && kFp32Math), "LTX rotates interleaved pairs in fp32");
@@ -274,6 +292,7 @@ TK_DEVICE void rope_body(const RopeParams<T, table_t>& p) {
 #pragma unroll
       for (int r = 0; r < kRows; ++r) x1[r].load(x[r] + j0), x2[r].load(x[r] + (j0 + num_pairs));
       c1.load(cos + j0), c2.load(cos + (j0 + num_pairs)), s1.load(sin + j0), s2.load(sin + (j0 + num_pairs));
+      if constexpr (kInverse) transpose_sines(s1, s2);
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
         rotated_first_rn(x1[r], x2[r], c1, s1).store(out[r] + j0);
@@ -299,6 +318,7 @@ TK_DEVICE void rope_body(const RopeParams<T, table_t>& p) {
             sv.cast_to(s1[u]);
           }
           share_pairs(c1[u], c2[u], s1[u], s2[u]);
+          if constexpr (kInverse) transpose_sines(s1[u], s2[u]);
         }
       }
       float x1[kSteps][kRows][kPairs], x2[kSteps][kRows][kPairs];
@@ -315,9 +335,11 @@ TK_DEVICE void rope_body(const RopeParams<T, table_t>& p) {
         if constexpr (kCoords) {  // after x's loads: the math hides their latency
           p.coords.cos_sin(g, j0, c1[u], s1[u]);
           share_pairs(c1[u], c2[u], s1[u], s2[u]);
+          if constexpr (kInverse) transpose_sines(s1[u], s2[u]);
         } else if constexpr (!kCache) {
           load_pairs<kStyle, kPairs>(cos, j0, num_pairs, c1[u], c2[u]);
           load_pairs<kStyle, kPairs>(sin, j0, num_pairs, s1[u], s2[u]);
+          if constexpr (kInverse) transpose_sines(s1[u], s2[u]);
         }
 #pragma unroll
         for (int r = 0; r < kRows; ++r) {
@@ -335,34 +357,52 @@ TK_DEVICE void rope_body(const RopeParams<T, table_t>& p) {
   }
 }
 
-// The coordinate form runs under Policy::kLtxCoordsRegisterCap; the table forms keep ptxas's choice.
+// The kernels' bodies: the rotation and its backward, each under a name of its own (profiles tell
+// them apart; the forward kernels keep their names).
 template <typename Policy, typename T, typename table_t, RopeStyle kStyle, bool kFp32Math, int kPairs,
           CosSinSource kSource, int kRows>
+TK_DEVICE void rope_body(const RopeParams<T, table_t>& p) {
+  rotate_rows<Policy, T, table_t, kStyle, kFp32Math, kPairs, kSource, kRows, /*kInverse=*/false>(p);
+}
+template <typename Policy, typename T, typename table_t, RopeStyle kStyle, bool kFp32Math, int kPairs,
+          CosSinSource kSource, int kRows>
+TK_DEVICE void rope_backward_body(const RopeParams<T, table_t>& p) {
+  rotate_rows<Policy, T, table_t, kStyle, kFp32Math, kPairs, kSource, kRows, /*kInverse=*/true>(p);
+}
+
+// The coordinate form runs under Policy::kLtxCoordsRegisterCap; the table forms keep ptxas's choice.
+template <typename Policy, typename T, typename table_t, RopeStyle kStyle, bool kFp32Math, int kPairs,
+          CosSinSource kSource, int kRows, bool kInverse>
 constexpr auto rope_kernel() {
   constexpr int kCap = kSource == CosSinSource::kLtxCoords ? Policy::kLtxCoordsRegisterCap : kNoRegisterCap;
-  return kernel_entry_for<kCap, RopeParams<T, table_t>,
-                          rope_body<Policy, T, table_t, kStyle, kFp32Math, kPairs, kSource, kRows>>();
+  if constexpr (kInverse) {
+    return kernel_entry_for<kCap, RopeParams<T, table_t>,
+                            rope_backward_body<Policy, T, table_t, kStyle, kFp32Math, kPairs, kSource, kRows>>();
+  } else {
+    return kernel_entry_for<kCap, RopeParams<T, table_t>,
+                            rope_body<Policy, T, table_t, kStyle, kFp32Math, kPairs, kSource, kRows>>();
+  }
 }
 
 // Launches the vector kernel with kRows heads per group for `rows` (a power of two <= kRows).
 template <typename Policy, typename T, typename table_t, RopeStyle kStyle, bool kFp32Math, int kPairs,
-          CosSinSource kSource, int kRows>
+          CosSinSource kSource, int kRows, bool kInverse>
 void launch_group_rows(int rows, dim3 grid, const RopeParams<T, table_t>& p, cudaStream_t stream) {
   if constexpr (kRows > 1) {
     if (rows < kRows)
-      return launch_group_rows<Policy, T, table_t, kStyle, kFp32Math, kPairs, kSource, kRows / 2>(rows, grid, p, stream);
+      return launch_group_rows<Policy, T, table_t, kStyle, kFp32Math, kPairs, kSource, kRows / 2, kInverse>(rows, grid,
+                                                                                                             p, stream);
   }
-  rope_kernel<Policy, T, table_t, kStyle, kFp32Math, kPairs, kSource, kRows>()
+  rope_kernel<Policy, T, table_t, kStyle, kFp32Math, kPairs, kSource, kRows, kInverse>()
       <<<grid, Policy::kBlockThreads, 0, stream>>>(p);
 }
 
-}  // namespace rope_detail
-
 // Host launcher. Vector steps (16 bytes of x per load) when pointers, strides and the rotary
 // width allow, one pair per step otherwise. Coordinate form: p.coords set, q and k one head each.
-template <RopeStyle kStyle, bool kFp32Math, CosSinSource kSource, typename Policy = RopePolicy, typename T,
+// kInverse: the backward (rope_backward below), q and k holding the outputs' gradients.
+template <RopeStyle kStyle, bool kFp32Math, CosSinSource kSource, typename Policy, bool kInverse, typename T,
           typename table_t>
-cudaError_t rope(RopeParams<T, table_t> p, cudaStream_t stream) {
+cudaError_t launch_rope(RopeParams<T, table_t> p, cudaStream_t stream) {
   constexpr bool kTables = kSource != CosSinSource::kLtxCoords;
   if (p.qk.num_rows() == 0 || p.head_dim == 0) return cudaSuccess;
   // Pairs per vector step: 16 bytes of x per load (NeoX loads both halves, interleaved one vector
@@ -390,16 +430,33 @@ cudaError_t rope(RopeParams<T, table_t> p, cudaStream_t stream) {
   const dim3 grid = grid_for(groups, Policy::kBlockThreads >> p.log2_threads_per_row);
   constexpr int kHeadsRows = kGroupHeads ? Policy::kMaxHeadsPerGroup : 1;  // the largest group compiled
   if (!vectorizable) {
-    rope_detail::rope_kernel<Policy, T, table_t, kStyle, kFp32Math, 1, kSource, !kTables ? kCoordsRows : 1>()
+    rope_detail::rope_kernel<Policy, T, table_t, kStyle, kFp32Math, 1, kSource, !kTables ? kCoordsRows : 1, kInverse>()
         <<<grid, Policy::kBlockThreads, 0, stream>>>(p);
   } else if constexpr (!kTables) {
-    rope_detail::rope_kernel<Policy, T, table_t, kStyle, kFp32Math, kVecPairs, kSource, kCoordsRows>()
+    rope_detail::rope_kernel<Policy, T, table_t, kStyle, kFp32Math, kVecPairs, kSource, kCoordsRows, kInverse>()
         <<<grid, Policy::kBlockThreads, 0, stream>>>(p);
   } else {
-    rope_detail::launch_group_rows<Policy, T, table_t, kStyle, kFp32Math, kVecPairs, kSource, kHeadsRows>(
+    rope_detail::launch_group_rows<Policy, T, table_t, kStyle, kFp32Math, kVecPairs, kSource, kHeadsRows, kInverse>(
         group_rows, grid, p, stream);
   }
   return cudaGetLastError();
+}
+
+}  // namespace rope_detail
+
+// The rotation of q and k (RopeParams: q, k [B, S, H, d] in, q_out, k_out [B, S, H, d] out).
+template <RopeStyle kStyle, bool kFp32Math, CosSinSource kSource, typename Policy = RopePolicy, typename T,
+          typename table_t>
+cudaError_t rope(RopeParams<T, table_t> p, cudaStream_t stream) {
+  return rope_detail::launch_rope<kStyle, kFp32Math, kSource, Policy, /*kInverse=*/false>(p, stream);
+}
+
+// Its backward: the rotation by -theta (transpose_sines) of the outputs' gradients, read where
+// rope() reads q, k and written where it writes q_out, k_out; the same checks and layouts.
+template <RopeStyle kStyle, bool kFp32Math, CosSinSource kSource, typename Policy = RopePolicy, typename T,
+          typename table_t>
+cudaError_t rope_backward(RopeParams<T, table_t> p, cudaStream_t stream) {
+  return rope_detail::launch_rope<kStyle, kFp32Math, kSource, Policy, /*kInverse=*/true>(p, stream);
 }
 
 }  // namespace transformer_kernels

@@ -39,7 +39,8 @@ def _is_transformers_model(model: torch.nn.Module) -> bool:
 SWITCHES = tuple(sorted(set(diffusers_models.SWITCHES) | set(transformers_models.SWITCHES)))
 
 
-def inject(model_or_pipe, tk: ModuleType | None = None, *, strict: bool = False, **switches: bool) -> InjectionReport:
+def inject(model_or_pipe, tk: ModuleType | None = None, *, strict: bool = False, training: bool | None = None,
+           **switches: bool) -> InjectionReport:
     """Patches a transformers model, a diffusers model, or every component of a diffusers pipeline in
     place, and returns the report (replaced, skipped with why, run-time fallbacks).
 
@@ -49,15 +50,21 @@ def inject(model_or_pipe, tk: ModuleType | None = None, *, strict: bool = False,
     projection with the GELU in the GEMM's epilogue); a switch a model's rules do not use changes
     nothing. ``strict=True`` makes a run-time fallback (CPU tensors, autocast, other dtypes, merged
     projections where gradients are wanted) raise ``KernelFallbackError`` instead of logging it once. `tk`: the kernel
-    module (default: ``load_kernel()``, the Hub or the local build LOCAL_KERNELS names)."""
+    module (default: ``load_kernel()``, the Hub or the local build LOCAL_KERNELS names). ``training``
+    (default: whether any of the models is in training mode): only the rules whose ops have a
+    backward, and a causal LM's loss through the fused linear cross-entropy
+    (``fused_linear_cross_entropy``)."""
     on = check_switches(switches, SWITCHES, "inject")
     if isinstance(model_or_pipe, torch.nn.Module):
         models = [("", model_or_pipe)]
     else:
         models = diffusers_models.components(model_or_pipe)
-    tables = [(name, m, transformers_models.RULES if _is_transformers_model(m) else diffusers_models.RULES)
-              for name, m in models]
-    return apply_rules(tables, tk or load_kernel(), switches=on, strict=strict)
+    tk = tk or load_kernel()
+    if training is None:
+        training = any(m.training for _, m in models)
+    tables = [(name, m, (transformers_models if _is_transformers_model(m) else diffusers_models).rules_for(
+        tk, training, strict)) for name, m in models]
+    return apply_rules(tables, tk, switches=on, strict=strict, training=training)
 
 
 def uninject(model_or_pipe) -> int:
@@ -68,10 +75,10 @@ def uninject(model_or_pipe) -> int:
 
 
 @contextlib.contextmanager
-def injected(model_or_pipe, tk: ModuleType | None = None, *, strict: bool = False,
+def injected(model_or_pipe, tk: ModuleType | None = None, *, strict: bool = False, training: bool | None = None,
              **switches: bool) -> Iterator[InjectionReport]:
     """``inject`` for the duration of a ``with`` block; ``uninject`` on leaving it, even on an error."""
-    report = inject(model_or_pipe, tk, strict=strict, **switches)
+    report = inject(model_or_pipe, tk, strict=strict, training=training, **switches)
     try:
         yield report
     finally:

@@ -1,15 +1,16 @@
 """Swap transformer-kernels into diffusers models with one call: ``report = inject(pipe_or_model)``.
 
 Covered: LTX-Video (blocks, attention, FFN, norms) and Flux (AdaLayerNormZero modulation, attention,
-FFN, norms); any model's RMSNorm, LayerNorm and GELU modules.
+FFN, norms); Stable Diffusion 1.5/XL UNets and their VAE (ResNet blocks, GroupNorm + SiLU, GEGLU:
+``diffusers_sd.py``); any model's RMSNorm, LayerNorm, GroupNorm and GELU modules.
 
 What is replaced is a table (``RULES``): each rule names the switches it needs, the module class
 it matches (by class name, so both ``diffusers.models.normalization.RMSNorm`` and
 ``torch.nn.RMSNorm`` are found), and how it patches an instance. Rules for a containing module run
 first and claim the modules they fuse (an LTX block claims its norm1/norm2), so nothing is patched
 twice. Switches (``inject(pipe, rms_norm=..., layer_norm=..., rope=..., qk_norm_rope=..., gelu=...,
-norm_modulate=..., merge_projections=..., linear_gelu=...)``, all on by default) turn op kinds off;
-``uninject`` undoes everything.
+norm_modulate=..., merge_projections=..., linear_gelu=..., group_norm=..., geglu=...)``, all on by
+default) turn op kinds off; ``uninject`` undoes everything.
 
 How modules are patched (and how hooks survive) is in ``patching.py``. ``enable_model_cpu_offload``
 hooks whole components, so injecting before or after it works.
@@ -23,6 +24,12 @@ storage of its own again with its current values. ``linear_gelu`` (with ``gelu``
 ``GELU(approximate="tanh")`` module's input projection and activation as one cuBLASLt GEMM with the
 GELU epilogue (the FFNs of LTX-Video, Flux and SD3). The epilogue rounds once where eager rounds
 twice, so with it the output is close to, not bit-equal with, eager's.
+
+Training (``inject(model)`` on a model in training mode, or ``training=True``, e.g. LoRA fine-tuning):
+a rule is applied only when the ops it needs (``RULE_OPS``) have a backward; the attention
+processors run the q/k norms with our kernels where those have a backward and with the modules'
+own norms otherwise, and the rotations with ours. The merged projections stay (the separate
+projections run under grad, a logged fallback), except under ``strict=True``, where they are skipped.
 """
 
 from __future__ import annotations
@@ -34,9 +41,10 @@ from typing import Callable, NamedTuple
 import torch
 
 from . import merging
+from .diffusers_sd import SD_RULE_OPS, SD_RULES
 from .loading import load_kernel
-from .patching import (InjectionReport, Rule, apply_rules, check_switches, forward_from, layer_forward, named,
-                       switches_of, uninject_models)
+from .patching import (InjectionReport, Rule, apply_rules, check_switches, for_training, forward_from, layer_forward,
+                       named, switches_of, uninject_models)
 
 QKV = ("to_q", "to_k", "to_v")
 KV = ("to_k", "to_v")
@@ -190,8 +198,12 @@ class FluxAttnProcessor:
     _attention_backend = None
     _parallel_config = None
 
-    def __init__(self, tk: ModuleType):
+    def __init__(self, tk: ModuleType, ours: Callable[[str], bool] = lambda op: True):
         self.tk = tk
+        self.ours = ours  # which ops to run (training: those with a backward); the others run eager
+
+    def _qk_norm(self, norm: torch.nn.RMSNorm, x: torch.Tensor) -> torch.Tensor:
+        return _torch_rms_norm(self.tk, norm, x) if self.ours("rms_norm") else norm(x)
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None):
         from diffusers.models.attention_dispatch import dispatch_attention_fn
@@ -207,12 +219,12 @@ class FluxAttnProcessor:
         else:
             query, key, value, encoder_query, encoder_key, encoder_value = _get_qkv_projections(
                 attn, hidden_states, encoder_hidden_states)
-        query = _torch_rms_norm(self.tk, attn.norm_q, query.unflatten(-1, (-1, attn.head_dim)))
-        key = _torch_rms_norm(self.tk, attn.norm_k, key.unflatten(-1, (-1, attn.head_dim)))
+        query = self._qk_norm(attn.norm_q, query.unflatten(-1, (-1, attn.head_dim)))
+        key = self._qk_norm(attn.norm_k, key.unflatten(-1, (-1, attn.head_dim)))
         value = value.unflatten(-1, (-1, attn.head_dim))
         if attn.added_kv_proj_dim is not None:
-            encoder_query = _torch_rms_norm(self.tk, attn.norm_added_q, encoder_query.unflatten(-1, (-1, attn.head_dim)))
-            encoder_key = _torch_rms_norm(self.tk, attn.norm_added_k, encoder_key.unflatten(-1, (-1, attn.head_dim)))
+            encoder_query = self._qk_norm(attn.norm_added_q, encoder_query.unflatten(-1, (-1, attn.head_dim)))
+            encoder_key = self._qk_norm(attn.norm_added_k, encoder_key.unflatten(-1, (-1, attn.head_dim)))
             encoder_value = encoder_value.unflatten(-1, (-1, attn.head_dim))
             query = torch.cat([encoder_query, query], dim=1)
             key = torch.cat([encoder_key, key], dim=1)
@@ -250,8 +262,10 @@ class LTXAttnProcessor:
     _attention_backend = None
     _parallel_config = None
 
-    def __init__(self, tk: ModuleType, fuse: bool = True, qk_norm: bool = True):
+    def __init__(self, tk: ModuleType, fuse: bool = True, qk_norm: bool = True,
+                 ours: Callable[[str], bool] = lambda op: True):
         self.tk, self.fuse, self.qk_norm = tk, fuse and qk_norm, qk_norm
+        self.ours = ours  # which ops to run (training: those with a backward); the others run eager
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None):
         from diffusers.models.attention_dispatch import dispatch_attention_fn
@@ -277,7 +291,9 @@ class LTXAttnProcessor:
         # image_rotary_emb: the rope module's (cos, sin) tables, or its coordinates (LTXRopeCoords)
         # where inject patched the rope module (the kernel then computes cos/sin itself)
         from_coords = isinstance(image_rotary_emb, LTXRopeCoords)
-        if self.fuse and image_rotary_emb is not None and eps is not None and query.shape[1] == key.shape[1]:
+        fused_op = "ltx_qk_norm_rope_from_coords" if from_coords else "qk_norm_rope"
+        if (self.fuse and image_rotary_emb is not None and eps is not None and query.shape[1] == key.shape[1]
+                and self.ours(fused_op)):
             # self-attention: both norms and the rotation in one launch
             fused = self.tk.ltx_qk_norm_rope_from_coords if from_coords else self.tk.ltx_qk_norm_rope
             query, key = fused(query, key, attn.norm_q.weight, attn.norm_k.weight, eps, *image_rotary_emb)
@@ -299,7 +315,7 @@ class LTXAttnProcessor:
         return attn.to_out[1](hidden_states)
 
     def _qk_norm(self, norm: torch.nn.RMSNorm, x: torch.Tensor) -> torch.Tensor:
-        return _torch_rms_norm(self.tk, norm, x) if self.qk_norm else norm(x)
+        return _torch_rms_norm(self.tk, norm, x) if self.qk_norm and self.ours("rms_norm") else norm(x)
 
 
 class LTXRopeCoords(NamedTuple):
@@ -406,8 +422,10 @@ def _merge_flux_attention(attn: torch.nn.Module, inj) -> None:
         inj.merge(attn, "added_qkv", ADDED_QKV, "flux_merged_projections")
 
 
-def _processor(make: Callable[[ModuleType], object]) -> Callable[[torch.nn.Module, object], None]:
-    return lambda module, inj: inj.set_processor(module, make(inj.tk))
+def _processor(cls: type, **options) -> Callable[[torch.nn.Module, object], None]:
+    """A patch that gives the attention module ``cls(tk, **options)``, told which ops to run
+    (``Injection.ours``: in training, those with a backward)."""
+    return lambda module, inj: inj.set_processor(module, cls(inj.tk, ours=inj.ours, **options))
 
 
 _ADALN = ("layer_norm", "norm_modulate")  # a LayerNorm and its modulation in one kernel
@@ -425,10 +443,10 @@ RULES: tuple[Rule, ...] = (
     Rule("ltx_attention", ("rms_norm", "rope", "qk_norm_rope"), named("LTXAttention"),
          _processor(LTXAttnProcessor), claims=("norm_q", "norm_k"), skip=_ltx_attention_skip),
     Rule("ltx_attention_unfused", ("rms_norm", "rope"), named("LTXAttention"),
-         _processor(lambda tk: LTXAttnProcessor(tk, fuse=False)), claims=("norm_q", "norm_k"),
+         _processor(LTXAttnProcessor, fuse=False), claims=("norm_q", "norm_k"),
          skip=_ltx_attention_skip),
     Rule("ltx_attention_rope", ("rope",), named("LTXAttention"),
-         _processor(lambda tk: LTXAttnProcessor(tk, qk_norm=False)), skip=_ltx_attention_skip),
+         _processor(LTXAttnProcessor, qk_norm=False), skip=_ltx_attention_skip),
     # also=True: q/k/v (and the added q/k/v) as one GEMM each, read by the flux_attention processor
     Rule("flux_merged_projections", ("merge_projections", "rms_norm", "rope"), named("FluxAttention"),
          _merge_flux_attention, skip=lambda m: _flux_attention_skip(m) or merging.mergeable(m, QKV),
@@ -443,6 +461,8 @@ RULES: tuple[Rule, ...] = (
          claims=("norm",), skip=_adaln_skip),
     Rule("adaln_continuous", _ADALN, named("AdaLayerNormContinuous"), forward_from(_adaln_continuous_forward),
          claims=("norm",), skip=_adaln_skip),
+    # Stable Diffusion's UNet and VAE (diffusers_sd.py): switches group_norm and geglu
+    *SD_RULES,
     Rule("linear_gelu", ("gelu", "linear_gelu"), named("GELU"), _patch_linear_gelu, skip=_linear_gelu_skip,
          fallback="an input of another dtype than the projection's weight, or autocast: the projection, then "
                   "the gelu kernel"),
@@ -455,6 +475,29 @@ RULES: tuple[Rule, ...] = (
 
 SWITCHES = switches_of(RULES)
 
+# The ops each rule needs under grad (the C++ ops' names): in training a rule is applied only when
+# all have a backward. The attention processors' q/k norms are not listed: without a backward they
+# run the modules' own norms.
+RULE_OPS: dict[str, tuple[str, ...]] = {
+    "ltx_rope_coords": ("ltx_rope_from_coords",),
+    "ltx_merged_projections": (),  # no op of ours: the separate projections run under grad
+    "ltx_block": ("norm_modulate", "gated_add", "gated_add_norm_modulate"),
+    "ltx_attention": ("rope", "ltx_rope_from_coords"),
+    "ltx_attention_unfused": ("rope", "ltx_rope_from_coords"),
+    "ltx_attention_rope": ("rope", "ltx_rope_from_coords"),
+    "flux_merged_projections": (),
+    "flux_attention": ("rope",),
+    "adaln_zero": ("norm_modulate",),
+    "adaln_zero_single": ("norm_modulate",),
+    "sd35_adaln_zero_x": ("norm_modulate",),
+    "adaln_continuous": ("norm_modulate",),
+    "linear_gelu": ("linear_gelu",),
+    "gelu": ("activation",),
+    "rms_norm": ("rms_norm",),
+    "layer_norm": ("layer_norm",),
+    **SD_RULE_OPS,
+}
+
 
 def components(pipe_or_model) -> list[tuple[str, torch.nn.Module]]:
     """(name, model) of a pipeline's torch components, or ("", model) for one model."""
@@ -466,16 +509,27 @@ def components(pipe_or_model) -> list[tuple[str, torch.nn.Module]]:
     return [(name, m) for name, m in found.items() if isinstance(m, torch.nn.Module)]
 
 
-def inject(pipe_or_model, tk: ModuleType | None = None, *, strict: bool = False, **switches: bool) -> InjectionReport:
+def rules_for(tk: ModuleType, training: bool, strict: bool = False) -> tuple[Rule, ...]:
+    """The table ``inject`` applies: ``RULES``, or in training ``for_training``'s gating of them."""
+    return for_training(RULES, RULE_OPS, tk, strict=strict) if training else RULES
+
+
+def inject(pipe_or_model, tk: ModuleType | None = None, *, strict: bool = False, training: bool | None = None,
+           **switches: bool) -> InjectionReport:
     """Patches every supported module of a pipeline's components (or of one model) in place.
 
     Returns what was replaced, by kind, the matching modules skipped with the reason, and which
     patched paths can fall back at run time. Switches (keywords, all on by default; ``False`` leaves
-    that op kind to diffusers): {switches}. ``strict=True``: a run-time fallback raises. Undo with
-    ``uninject``."""
+    that op kind to diffusers): {switches}. ``strict=True``: a run-time fallback raises.
+    ``training`` (default: whether any of the models is in training mode): only the rules whose ops
+    have a backward (see the module docstring). Undo with ``uninject``."""
     on = check_switches(switches, SWITCHES, "inject")
-    return apply_rules([(name, m, RULES) for name, m in components(pipe_or_model)], tk or load_kernel(),
-                       switches=on, strict=strict)
+    models = components(pipe_or_model)
+    tk = tk or load_kernel()
+    if training is None:
+        training = any(m.training for _, m in models)
+    rules = rules_for(tk, training, strict)
+    return apply_rules([(name, m, rules) for name, m in models], tk, switches=on, strict=strict, training=training)
 
 
 inject.__doc__ = inject.__doc__.format(switches=", ".join(f"``{s}``" for s in SWITCHES))

@@ -10,10 +10,12 @@ As vLLM's ``QKVParallelLinear`` / ``MergedColumnParallelLinear`` and diffusers'
 ``fuse_qkv_projections`` (which keeps a second copy of the weights) do.
 
 What moves parameters to new storage (``module.to()``/``.half()``, ``load_state_dict(assign=True)``,
-replacing a parameter) is noticed: ``module._apply`` is wrapped to merge again after a conversion,
-and each eager call checks that the children's weights are still the views (one pointer
-comparison per weight) and merges again if not. A compiled graph trusts the merge it traced
-(recompile after replacing parameters by assignment).
+replacing a parameter or a child) is noticed: ``module._apply`` is wrapped to merge again after a
+conversion, and each eager call compares one tuple (the ids of the children and parameters the
+module holds now, the parameters' data pointers) with the one taken at the merge, and merges again
+if it differs: dictionary lookups and pointer reads, no attribute search through ``nn.Module``, no
+tensor made. A compiled graph trusts the merge it traced (recompile after replacing parameters by
+assignment).
 
 The merged weight is used only where no gradient is needed (``torch.is_grad_enabled()`` off, or
 no weight requiring one): the children's parameters are the leaves autograd knows, so training
@@ -66,6 +68,7 @@ class MergedLinear:
         self.names = tuple(names)
         self.key = key  # the name attach() keeps it under
         self.sizes = [getattr(module, n).out_features for n in self.names]
+        self.enabled = True
         self.weight: torch.Tensor
         self.bias: torch.Tensor | None
         # told why where use() finds the merge unusable (the integration logs, counts or raises it)
@@ -78,6 +81,7 @@ class MergedLinear:
     def merge(self) -> None:
         """Concatenates the children's current weights and makes them views of the result."""
         linears = self._linears()
+        self.sizes = [lin.out_features for lin in linears]
         with torch.no_grad():
             weight = torch.cat([lin.weight for lin in linears])
             bias = torch.cat([lin.bias for lin in linears]) if linears[0].bias is not None else None
@@ -90,25 +94,48 @@ class MergedLinear:
         torch._dynamo.mark_static_address(weight)
         if bias is not None:
             torch._dynamo.mark_static_address(bias)
-        self.weight, self.bias = weight, bias
-        self._pointers = self._current_pointers()
+        self.weight, self.bias, self.device = weight, bias, weight.device
+        # What the per-call check reads: (dictionary, key) of each child and parameter, and the
+        # parameters. The objects are held here, so no other object can take their ids.
+        params = [p for lin in linears for p in (lin.weight, lin.bias) if p is not None]
+        slots = [(self.module._modules, n) for n in self.names]
+        slots += [(lin._parameters, k) for lin in linears for k in ("weight", "bias")]
+        self._dicts, self._keys = tuple(d for d, _ in slots), tuple(k for _, k in slots)
+        self._params = tuple(params)
+        self._held = (tuple(linears), self._params)
+        self._state = self._current_state()
 
-    def _current_pointers(self) -> tuple:
-        params = [p for lin in self._linears() for p in (lin.weight, lin.bias) if p is not None]
-        return tuple(p.data_ptr() for p in params)
+    def _current_state(self) -> tuple:
+        """The ids of the children and parameters in the module's slots, then the parameters' data
+        pointers: different when a child or parameter was replaced or its data moved."""
+        return (*map(id, map(dict.get, self._dicts, self._keys)), *map(torch.Tensor.data_ptr, self._params))
+
+    def refresh(self) -> None:
+        """Merges again after a child or parameter was replaced (``load_state_dict(assign=True)``, a
+        manual swap), or turns the merge off where the children can no longer be merged."""
+        self.enabled = mergeable(self.module, self.names) is None
+        if self.enabled:
+            self.merge()
+        else:
+            self._state = self._current_state()  # checked again only when the slots change again
 
     def usable(self, x: torch.Tensor) -> bool:
         """True where the merged GEMM gives what the separate projections give, gradients aside:
-        no gradient is wanted, and x is on the weight's device."""
+        no gradient is wanted, the merge is current (refreshed here when not), and x is on the
+        weight's device. Call it before ``__call__``/``split``."""
         if torch.is_grad_enabled() and self.weight_requires_grad():
             return False
-        return x.device == self.weight.device
+        if not torch.compiler.is_compiling() and self._current_state() != self._state:
+            self.refresh()
+        return self.enabled and x.device == self.device
 
     def unusable(self, x: torch.Tensor) -> str | None:
         """Why ``usable(x)`` is False, or None."""
         if torch.is_grad_enabled() and self.weight_requires_grad():
             return ("gradients are wanted (the projections' own parameters are the autograd leaves; "
                     "inject(..., merge_projections=False) for training)")
+        if not self.enabled:
+            return f"the projections {list(self.names)} can no longer be merged: {mergeable(self.module, self.names)}"
         if x.device != self.weight.device:
             return f"the input is on {x.device}, the merged weight on {self.weight.device}"
         return None
@@ -125,13 +152,11 @@ class MergedLinear:
         return any(p.requires_grad for lin in self._linears() for p in (lin.weight, lin.bias) if p is not None)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if not torch.compiler.is_compiling() and self._current_pointers() != self._pointers:
-            self.merge()  # a parameter was replaced (assign=True load, manual swap): merge it again
         return F.linear(x, self.weight, self.bias)
 
     def split(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The projections of x: strided views of one merged result, in ``names`` order."""
-        return self(x).split(self.sizes, dim=-1)
+        return self(x).split_with_sizes(self.sizes, dim=-1)
 
 
 def _apply_then_merge(module: torch.nn.Module, fn, *args, **kwargs):
@@ -140,7 +165,7 @@ def _apply_then_merge(module: torch.nn.Module, fn, *args, **kwargs):
     model gives the copy its own."""
     result = type(module)._apply(module, fn, *args, **kwargs)
     for merged in module.__dict__.get("_tk_merged", {}).values():
-        merged.merge()
+        merged.refresh()
     return result
 
 

@@ -25,13 +25,20 @@ mixed dtypes) runs the library's own code, and a merged projection that cannot r
 wanted) the separate projections; it says so once through ``logging`` (logger
 ``transformer_kernels_integrations``) and counts it in the report, or raises
 ``KernelFallbackError`` under ``inject(..., strict=True)``.
+
+Training (``inject`` on a model in training mode, or ``training=True``): ``for_training`` keeps a
+rule only where every op it runs (the integration's ``RULE_OPS``) has a backward (``tk.has_backward``),
+and skips the others with the reason; the merged-projection rules stay (their GEMM runs where no
+gradient is wanted, the separate projections under grad: a fallback), except under ``strict=True``,
+where they skip so that the separate projections' rules take the modules and a training step does
+not raise. Patches ask ``Injection.ours(op)`` where they can run an op or the module's own code.
 """
 
 from __future__ import annotations
 
 import logging
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import ModuleType
 from typing import Any, Callable, Iterable
 
@@ -61,6 +68,7 @@ class InjectionReport:
     fallbacks: dict[str, str] = field(default_factory=dict)
     fallbacks_taken: dict[str, int] = field(default_factory=dict)
     switches: dict[str, bool] = field(default_factory=dict)
+    training: bool = False  # injected for training: only rules whose ops have a backward
 
     @property
     def left(self) -> dict[str, str]:  # the name before the switches came
@@ -68,6 +76,8 @@ class InjectionReport:
 
     def __str__(self) -> str:
         lines = ["replaced: " + (", ".join(f"{n} {k}" for k, n in sorted(self.replaced.items())) or "nothing")]
+        if self.training:
+            lines.append("training: only the rules whose ops have a backward")
         off = sorted(k for k, on in self.switches.items() if not on)
         if off:
             lines.append("switched off: " + ", ".join(off))
@@ -137,10 +147,17 @@ class Injection:
     """One ``inject`` call: the kernel module, strictness, the report, and the undo log of the model
     being patched. Patch functions call ``set_forward``/``set_processor``/``swap_global`` on it."""
 
-    def __init__(self, tk: ModuleType, strict: bool, report: InjectionReport):
-        self.tk, self.strict, self.report = tk, strict, report
+    def __init__(self, tk: ModuleType, strict: bool, report: InjectionReport, training: bool = False):
+        self.tk, self.strict, self.report, self.training = tk, strict, report, training
+        self._has_backward = getattr(tk, "has_backward", lambda name: False)
         self._logged: set[tuple[str, str]] = set()
         self.undo: list[Callable[[], None]] = []
+
+    def ours(self, op: str) -> bool:
+        """Whether a patched forward runs our op `op` (the C++ op's name): always in inference; in
+        training only where it has a backward (else the module's own code, which autograd
+        differentiates: the attention processors' q/k norms)."""
+        return not self.training or self._has_backward(op)
 
     # -- patching, each recorded for uninject --
 
@@ -228,16 +245,18 @@ def check_switches(switches: dict[str, bool], known: Iterable[str], where: str) 
 
 
 def apply_rules(models: Iterable[tuple[str, torch.nn.Module, tuple[Rule, ...]]], tk: ModuleType, *,
-                switches: dict[str, bool], strict: bool = False) -> InjectionReport:
+                switches: dict[str, bool], strict: bool = False, training: bool = False) -> InjectionReport:
     """Patches each (path prefix, model, rules) in place; returns the report. A model injected
-    already must be uninjected first (its undo log would otherwise mix two injections)."""
+    already must be uninjected first (its undo log would otherwise mix two injections).
+    ``training``: the rules are ``for_training``'s, and the patches' ``Injection.ours`` says which
+    ops have a backward."""
     models = list(models)
     for prefix, model, _ in models:
         if hasattr(model, UNDO_ATTR):
             raise ValueError(f"inject: {prefix or type(model).__name__} is injected already; call uninject() first")
-    report = InjectionReport(switches=dict(switches))
+    report = InjectionReport(switches=dict(switches), training=training)
     for prefix, model, rules in models:
-        injection = Injection(tk, strict, report)
+        injection = Injection(tk, strict, report, training)
         claimed: set[int] = set()
         for path, module in model.named_modules(prefix=prefix):
             name = type(module).__name__
@@ -279,3 +298,30 @@ def uninject_models(models: Iterable[torch.nn.Module]) -> int:
             step()
         undone += len(undo)
     return undone
+
+
+def for_training(rules: Iterable[Rule], ops_of: dict[str, tuple[str, ...]], tk: ModuleType, *,
+                 strict: bool = False) -> tuple[Rule, ...]:
+    """The rules as training mode applies them: a rule whose ops (``ops_of[rule.kind]``) do not all
+    have a backward in ``tk`` skips every module with that reason (the module keeps its own forward,
+    which autograd differentiates, or the next rule takes it), as does a rule missing from
+    ``ops_of``. Builds without ``has_backward`` have no backward at all. Under ``strict`` the rules
+    that merge projections skip too: a merged GEMM runs only where no gradient is wanted, so in
+    training it would fall back at every step and strict would raise; the separate projections'
+    rules take those modules instead."""
+    has_backward = getattr(tk, "has_backward", lambda name: False)
+
+    def gated(rule: Rule) -> Rule:
+        if rule.kind not in ops_of:
+            why = "training: the ops of this rule are not declared (no backward assumed)"
+        elif strict and "merge_projections" in rule.switches:
+            why = ("training with strict=True: merged projections run only without gradients "
+                   "(the separate projections' rule applies)")
+        else:
+            missing = [op for op in ops_of[rule.kind] if not has_backward(op)]
+            if not missing:
+                return rule
+            why = f"training: {', '.join(missing)} {'has' if len(missing) == 1 else 'have'} no backward yet"
+        return replace(rule, skip=lambda m: why)
+
+    return tuple(gated(rule) for rule in rules)

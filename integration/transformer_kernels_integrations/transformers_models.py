@@ -33,13 +33,22 @@ all on by default):
 Merged projections (``merge_projections=True``, the default) keep one weight per merge: the
 original parameters become views of it (no memory growth; ``state_dict`` keys unchanged); they are
 used where no gradient is needed (inference, ``generate``), the separate projections elsewhere (a
-logged fallback: ``strict=True`` raises there, so train with ``merge_projections=False`` under
-``strict``). ``uninject`` gives each parameter, the same object, storage of its own again with its
+logged fallback: ``strict=True`` raises there, so a model injected for inference and then trained
+under ``strict`` needs ``merge_projections=False``; see Training below). ``uninject`` gives each parameter, the same object, storage of its own again with its
 current values (``merging.detach``).
+
+Training (``inject(model)`` on a model in training mode, or ``training=True``): only the rules whose
+ops all have a backward (``tk.has_backward``, ``RULE_OPS``) are applied, the others are skipped with
+the reason, and a ``*ForCausalLM`` called with ``labels`` in training mode computes its loss with the
+fused linear cross-entropy (``causal_lm_loss``, switch ``fused_linear_cross_entropy``: ``lm_head`` and
+the loss chunk by chunk, the logits never materialized, as Liger's ``fused_linear_cross_entropy=True``;
+it then returns no logits). The merged rules stay in training (the separate projections run under
+grad, a logged fallback) except under ``strict=True``, where they skip and the unmerged rules take
+those modules, so a strict training step does not raise.
 
 The Hub paths are separate: ``kernelize`` with ``kernel_mapping()``, or transformers'
 ``from_pretrained(..., use_kernels=True, kernel_config=kernel_config())``, swap in our ``RMSNorm``,
-``Silu`` and ``RotaryPosEmb`` layers.
+``Silu`` and ``RotaryPosEmb`` layers (``mode=Mode.TRAINING`` takes those whose ``has_backward`` is true).
 """
 
 from __future__ import annotations
@@ -53,8 +62,8 @@ import torch
 
 from . import merging
 from .loading import REPO_ID, REVISION, load_kernel
-from .patching import (InjectionReport, Rule, apply_rules, check_switches, forward_from, layer_forward, named,
-                       suffixed, switches_of, uninject_models)
+from .patching import (InjectionReport, Rule, apply_rules, check_switches, for_training, forward_from, layer_forward,
+                       named, suffixed, switches_of, uninject_models)
 
 QKV = ("q_proj", "k_proj", "v_proj")
 GATE_UP = ("gate_proj", "up_proj")
@@ -214,12 +223,16 @@ def _patch_attention(module: torch.nn.Module, inj, kind: str, qk_norm: bool, mer
     original = type(module).forward
     cache_arg = _cache_arg(original)
     merged = inj.merge(module, "qkv", QKV, kind) if merge else None
+    # Qwen2/Qwen3 keep the window per layer, Mistral reads its config's, Llama has none. Read once:
+    # a hasattr on an nn.Module that lacks the attribute raises and catches, at every call.
+    window = module.__dict__.get("sliding_window", getattr(module.config, "sliding_window", None))
 
     # Arguments after position_embeddings pass through by keyword, as the decoder layer gives them.
     def forward(self, hidden_states, position_embeddings, attention_mask=None, **kwargs):
         cos, sin = position_embeddings
         dtype = hidden_states.dtype
-        kernel_ok = _on_kernel_device(hidden_states) and not torch.is_autocast_enabled(hidden_states.device.type)
+        device_type = hidden_states.device.type
+        kernel_ok = device_type in KERNEL_DEVICES and not torch.is_autocast_enabled(device_type)
         fused_norm = qk_norm and kernel_ok and (self.q_norm.weight.dtype == dtype and self.k_norm.weight.dtype == dtype
                                                 and cos.dtype == dtype)
         use_merged = merged is not None and kernel_ok and merged.use(hidden_states)  # use(): reports why not
@@ -263,8 +276,6 @@ def _patch_attention(module: torch.nn.Module, inj, kind: str, qk_norm: bool, mer
                 key_states, value_states = cache.update(key_states, value_states, self.layer_idx,
                                                         {"sin": sin, "cos": cos, "cache_position": cache_position})
         attention_interface = _attention_interface(modeling, self.config._attn_implementation)
-        # Qwen2/Qwen3 keep the window per layer, Mistral reads its config's, Llama has none
-        window = self.sliding_window if hasattr(self, "sliding_window") else getattr(self.config, "sliding_window", None)
         if window is not None:
             kwargs["sliding_window"] = window
         attn_output, attn_weights = attention_interface(
@@ -345,6 +356,79 @@ def _rotary_skip(m) -> str | None:
     return None if callable(fn) else "its modeling module has no apply_rotary_pos_emb"
 
 
+# ---- training: the causal LM's loss through the fused linear cross-entropy ----
+
+
+def _causal_lm_loss(tk: ModuleType, module: torch.nn.Module, hidden: torch.Tensor, labels: torch.Tensor,
+                    num_items_in_batch=None, ignore_index: int = -100, shift_labels=None, **_model_kwargs
+                    ) -> torch.Tensor:
+    """transformers' ``ForCausalLMLoss`` on ``lm_head(hidden)`` without the logits: the same label
+    shift (pad with ignore_index, drop the first), the same reduction (sum over
+    ``num_items_in_batch`` when given, else the mean over targets not ignored), and Gemma 2's
+    ``final_logit_softcapping`` when the config has one."""
+    if shift_labels is None:
+        shift_labels = torch.nn.functional.pad(labels, (0, 1), value=ignore_index)[..., 1:]
+    reduction = "sum" if num_items_in_batch is not None else "mean"
+    lm_head = module.lm_head
+    loss = tk.fused_linear_cross_entropy(hidden, lm_head.weight, shift_labels.to(hidden.device), lm_head.bias,
+                                         ignore_index=ignore_index, reduction=reduction,
+                                         softcap=getattr(module.config, "final_logit_softcapping", None))
+    if num_items_in_batch is not None:
+        loss = loss / (num_items_in_batch.to(loss.device) if torch.is_tensor(num_items_in_batch) else num_items_in_batch)
+    return loss
+
+
+def _patch_causal_lm(module: torch.nn.Module, inj) -> None:
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    tk, kind = inj.tk, "causal_lm_loss"
+
+    original = type(module).forward
+    # The forward's positional parameters, so that positional arguments can be named (no
+    # inspect.Signature.bind per call: torch.compile traces this forward).
+    positional = [p.name for p in inspect.signature(original).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)][1:]
+    carried = [name for name in CausalLMOutputWithPast.__dataclass_fields__ if name not in ("loss", "logits")]
+
+    def forward(self, *args, **kwargs):
+        if len(args) > len(positional):
+            return original(self, *args, **kwargs)
+        kwargs = {**dict(zip(positional, args)), **kwargs}
+        labels, keep = kwargs.get("labels"), kwargs.get("logits_to_keep", 0)
+        if labels is None or not self.training or not torch.is_grad_enabled():
+            return original(self, **kwargs)  # no training loss asked for: transformers' forward, its logits
+        if kwargs.get("return_dict") is False or not (keep is None or (isinstance(keep, int) and keep == 0)):
+            inj.fallback(kind, "return_dict=False or logits_to_keep given (the caller wants logits)",
+                         instead="transformers' forward (lm_head, then its loss)")
+            return original(self, **kwargs)
+        kwargs.pop("labels")
+        kwargs.pop("logits_to_keep", None)
+        outputs = self.model(**kwargs)  # the loss's kwargs go to the base model too, as transformers does
+        hidden = outputs.last_hidden_state
+        if not _on_kernel_device(hidden):
+            inj.fallback(kind, f"tensors on {hidden.device.type}", instead="lm_head, then transformers' loss")
+            logits = self.lm_head(hidden)
+            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
+        else:
+            logits, loss = None, _causal_lm_loss(tk, self, hidden, labels, **kwargs)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, **{name: getattr(outputs, name, None) for name in carried})
+
+    inj.set_forward(module, forward)
+
+
+def _causal_lm_skip(m) -> str | None:
+    head, config = getattr(m, "lm_head", None), getattr(m, "config", None)
+    if not isinstance(head, torch.nn.Linear) or not hasattr(m, "model"):
+        return "not a causal LM with a base model and a linear lm_head"
+    if head.out_features != getattr(config, "vocab_size", None):
+        return f"lm_head gives {head.out_features} logits, the config's vocabulary is {getattr(config, 'vocab_size', None)}"
+    if getattr(m, "loss_type", "ForCausalLM") != "ForCausalLM":
+        return f"its loss is {m.loss_type}, not transformers' causal LM loss"
+    if "labels" not in inspect.signature(type(m).forward).parameters:
+        return "its forward takes no labels"
+    return None
+
+
 RULES: tuple[Rule, ...] = (
     Rule("decoder_layer", ("rms_norm", "fused_add_rms_norm"), suffixed("DecoderLayer"),
          forward_from(_decoder_layer_forward), claims=("post_attention_layernorm",), skip=_decoder_skip),
@@ -375,21 +459,54 @@ RULES: tuple[Rule, ...] = (
          skip=lambda m: None if hasattr(m, "variance_epsilon") else "no variance_epsilon (not a transformers RMSNorm)"),
 )
 
-SWITCHES = switches_of(RULES)
+# The ops each rule's forward calls under grad (the C++ ops' names): in training, a rule is applied
+# only when all have a backward. The merged rules take the separate projections under grad.
+RULE_OPS: dict[str, tuple[str, ...]] = {
+    "decoder_layer": ("fused_add_rms_norm",),
+    "merged_qkv_qk_norm_rope": ("hf_qk_norm_rope",),
+    "merged_qkv_rope": ("hf_rope",),
+    "merged_gate_up_mlp": ("act_mul", "act_and_mul"),
+    "qk_norm_rope": ("hf_qk_norm_rope",),
+    "rope": ("hf_rope",),
+    "mlp": ("act_mul",),
+    "rms_norm": ("rms_norm",),
+    "causal_lm_loss": ("fused_linear_cross_entropy",),
+}
+
+# Applied in training only (before RULES): the loss of a *ForCausalLM called with labels.
+TRAINING_RULES: tuple[Rule, ...] = (
+    Rule("causal_lm_loss", ("fused_linear_cross_entropy",), suffixed("ForCausalLM"), _patch_causal_lm,
+         skip=_causal_lm_skip,
+         fallback="CPU tensors, return_dict=False or logits_to_keep: lm_head, then transformers' loss"),
+)
+
+SWITCHES = switches_of(TRAINING_RULES + RULES)
+
+
+def rules_for(tk: ModuleType, training: bool, strict: bool = False) -> tuple[Rule, ...]:
+    """The table ``inject`` applies: ``RULES``, or in training ``for_training``'s gating of
+    ``TRAINING_RULES + RULES``."""
+    return for_training(TRAINING_RULES + RULES, RULE_OPS, tk, strict=strict) if training else RULES
 
 
 def inject(model: torch.nn.Module, tk: ModuleType | None = None, *, strict: bool = False,
-           **switches: bool) -> InjectionReport:
+           training: bool | None = None, **switches: bool) -> InjectionReport:
     """Patches a transformers model in place; returns what was replaced, what was skipped (why),
     and which patched paths can fall back at run time.
 
     Switches (keywords, all on by default; ``False`` leaves that op kind to transformers):
     {switches}. ``strict=True`` makes a run-time fallback raise ``KernelFallbackError`` instead of
-    logging it once. `tk`: the kernel module (default: ``load_kernel()``). Undo with ``uninject``."""
+    logging it once. ``training`` (default: ``model.training``): only the rules whose ops have a
+    backward, and the fused linear cross-entropy for the causal LM's loss (``training`` in the
+    report; see the module docstring). `tk`: the kernel module (default: ``load_kernel()``). Undo
+    with ``uninject``."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"inject: expected a transformers model (torch.nn.Module), got {type(model).__name__}")
     on = check_switches(switches, SWITCHES, "inject")
-    return apply_rules([("", model, RULES)], tk or load_kernel(), switches=on, strict=strict)
+    tk = tk or load_kernel()
+    training = model.training if training is None else training
+    return apply_rules([("", model, rules_for(tk, training, strict))], tk, switches=on, strict=strict,
+                       training=training)
 
 
 inject.__doc__ = inject.__doc__.format(switches=", ".join(f"``{s}``" for s in SWITCHES))

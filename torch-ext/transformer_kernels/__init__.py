@@ -6,9 +6,12 @@ A function has the name of the op it calls, except where it keeps the name of th
 it replaces (``apply_rotary_pos_emb``, vLLM's ``rotary_embedding``, ``silu_and_mul``, ...) or is
 a model's form of a shared op (``ltx_rope``, ``flux_rope``, ``ltx_qk_norm_rope``); those name
 their op in their docstrings.
+Ops with a backward (``has_backward(name)``) train in eager and under ``torch.compile``; the others
+refuse inputs that require grad under grad mode instead of dropping their gradients.
 """
 
 from . import layers
+from ._autograd import has_backward
 from ._ops import add_op_namespace_prefix, ops
 from .activation import (
     act_mul,
@@ -20,7 +23,9 @@ from .activation import (
     silu,
     silu_and_mul,
 )
+from .group_norm import add_group_norm, group_norm
 from .linear import linear_gelu, linear_gelu_fused
+from .loss import fused_linear_cross_entropy
 from .norm import (
     fused_add_rms_norm,
     fused_add_rms_norm_,
@@ -44,18 +49,22 @@ from .rope import (
 
 __all__ = [
     "act_mul",
+    "add_group_norm",
     "add_op_namespace_prefix",
     "apply_rotary_pos_emb",
     "apply_rotary_pos_emb_",
     "flux_rope",
     "fused_add_rms_norm",
     "fused_add_rms_norm_",
+    "fused_linear_cross_entropy",
     "gated_add",
     "gated_add_norm_modulate",
     "geglu",
+    "has_backward",
     "gelu",
     "gelu_and_mul",
     "gelu_tanh_and_mul",
+    "group_norm",
     "hf_qk_norm_rope",
     "layer_norm",
     "layers",
@@ -73,3 +82,8 @@ __all__ = [
     "silu",
     "silu_and_mul",
 ]
+
+# Every op left without an Autograd kernel (out= and in-place forms, backward ops) refuses grad.
+from ._autograd import refuse_the_rest as _refuse_the_rest  # noqa: E402
+
+_refuse_the_rest()

@@ -9,14 +9,19 @@ Ops: ``act_mul`` and ``gated_add`` are the functions of those names. ``silu`` an
 ``torch.nn.functional``'s names and call the ``activation`` op; ``silu_and_mul``,
 ``gelu_and_mul``, ``gelu_tanh_and_mul`` (vLLM's and kernels-community's names) and ``geglu``
 (diffusers') call the ``act_and_mul`` op.
+
+Training: the functional forms have a backward (``activation_backward``, ``act_and_mul_backward``,
+``act_mul_backward``: the activation recomputed from the saved input, eager autograd's rounding),
+so they work in eager and under ``torch.compile``. The ``out=`` forms are forward-only and refuse
+inputs that require grad under grad mode.
 """
 
 from typing import Optional
 
 import torch
 
+from ._autograd import dispatch, grad_rows, refuse_grad, register_backward
 from ._ops import add_op_namespace_prefix, ops
-from .norm import refuse_grad
 
 ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
 
@@ -29,7 +34,8 @@ def _gelu_name(approximate: str) -> str:
 
 def _activation(x: torch.Tensor, act: str, out: Optional[torch.Tensor]) -> torch.Tensor:
     if out is None:
-        return _activation_op(x, act)
+        return dispatch(_activation_op, x, act)
+    refuse_grad("activation", "out= form", x)
     _activation_out_op(out, x, act)
     return out
 
@@ -47,7 +53,8 @@ def gelu(x: torch.Tensor, approximate: str = "none", out: Optional[torch.Tensor]
 
 def _act_and_mul(x: torch.Tensor, act: str, act_first: bool, out: Optional[torch.Tensor]) -> torch.Tensor:
     if out is None:
-        return _act_and_mul_op(x, act, act_first)
+        return dispatch(_act_and_mul_op, x, act, act_first)
+    refuse_grad("act_and_mul", "out= form", x)
     _act_and_mul_out_op(out, x, act, act_first)
     return out
 
@@ -79,7 +86,8 @@ def act_mul(gate: torch.Tensor, up: torch.Tensor, activation: str = "silu",
     """``act(gate) * up`` on two tensors, as transformers' ``LlamaMLP`` computes
     ``act_fn(gate_proj(x)) * up_proj(x)``. ``activation``: ``"silu"``, ``"gelu"`` or ``"gelu_tanh"``."""
     if out is None:
-        return _act_mul_op(gate, up, activation)
+        return dispatch(_act_mul_op, gate, up, activation)
+    refuse_grad("act_mul", "out= form", gate, up)
     _act_mul_out_op(out, gate, up, activation)
     return out
 
@@ -88,7 +96,7 @@ def gated_add(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, out: Optiona
     """``x + gate * y`` (a DiT block's gated residual with no norm after it); ``gate`` broadcasts
     to ``x`` (``[D]``, ``[B, 1, D]``, ``[B, S, D]``, or strided views)."""
     if out is None:
-        return _gated_add_op(x, y, gate)
+        return dispatch(_gated_add_op, x, y, gate)
     refuse_grad("gated_add", "out= form", x, y, gate)  # the functional form has the backward (norm.py)
     _gated_add_out_op(out, x, y, gate)
     return out
@@ -164,3 +172,67 @@ def _(x, y, gate):
 @torch.library.register_fake(add_op_namespace_prefix("gated_add_out"))
 def _(out, x, y, gate):
     _check_out("gated_add", out, x.shape, x.dtype)
+
+
+@torch.library.register_fake(add_op_namespace_prefix("activation_backward"))
+def _(grad, x, act):
+    _check_act("activation_backward", act)
+    return x.new_empty(x.shape)
+
+
+@torch.library.register_fake(add_op_namespace_prefix("act_and_mul_backward"))
+def _(grad, x, act, act_first):
+    _check_act("act_and_mul_backward", act)
+    torch._check(tuple(grad.shape) == tuple(_half_shape(x)),
+                 lambda: f"act_and_mul_backward: grad must have the output's shape {_half_shape(x)}, got {tuple(grad.shape)}")
+    return x.new_empty(x.shape)
+
+
+@torch.library.register_fake(add_op_namespace_prefix("act_mul_backward"))
+def _(grad, gate, up, act):
+    _check_act("act_mul_backward", act)
+    return gate.new_empty(gate.shape), gate.new_empty(gate.shape)
+
+
+# ---- autograd: each functional op's backward is its *_backward op (the out= forms and the backward
+# ops refuse grad: _autograd.refuse_the_rest) ----
+
+_activation_backward_op = ops.activation_backward.default
+_act_and_mul_backward_op = ops.act_and_mul_backward.default
+_act_mul_backward_op = ops.act_mul_backward.default
+
+
+def _setup_activation(ctx, inputs, output):
+    x, ctx.act = inputs
+    ctx.save_for_backward(x)
+
+
+def _setup_act_and_mul(ctx, inputs, output):
+    x, ctx.act, ctx.act_first = inputs
+    ctx.save_for_backward(x)
+
+
+def _setup_act_mul(ctx, inputs, output):
+    gate, up, ctx.act = inputs
+    ctx.save_for_backward(gate, up)
+
+
+def _activation_backward(ctx, grad):
+    (x,) = ctx.saved_tensors
+    return _activation_backward_op(grad_rows(grad), x, ctx.act), None
+
+
+def _act_and_mul_backward(ctx, grad):
+    (x,) = ctx.saved_tensors
+    return _act_and_mul_backward_op(grad_rows(grad), x, ctx.act, ctx.act_first), None, None
+
+
+def _act_mul_backward(ctx, grad):
+    gate, up = ctx.saved_tensors
+    grad_gate, grad_up = _act_mul_backward_op(grad_rows(grad), gate, up, ctx.act)
+    return grad_gate, grad_up, None
+
+
+register_backward("activation", _activation_backward, _setup_activation)
+register_backward("act_and_mul", _act_and_mul_backward, _setup_act_and_mul)
+register_backward("act_mul", _act_mul_backward, _setup_act_mul)

@@ -2,7 +2,8 @@
 
 Following the Kernel Hub rules, a layer has no ``__init__`` and no members beyond ``forward`` and
 the ``has_backward``/``can_torch_compile`` flags; ``forward`` reads the state of the module it is
-bound to (``self.weight``, the eps attribute, ...).
+bound to (``self.weight``, the eps attribute, ...). ``has_backward`` is true where the layer's ops
+have a backward, so ``kernelize(model, mode=Mode.TRAINING)`` picks exactly those.
 """
 
 import functools
@@ -10,6 +11,7 @@ import functools
 import torch
 
 from .activation import gelu, gelu_and_mul, gelu_tanh_and_mul, silu, silu_and_mul
+from .group_norm import group_norm, is_supported_layout
 from .norm import layer_norm, rms_norm
 from .rope import apply_rotary_pos_emb
 
@@ -80,6 +82,33 @@ class LayerNorm(torch.nn.Module):
         return layer_norm(input, self.weight, self.bias, self.eps)
 
 
+class GroupNorm(torch.nn.Module):
+    """GroupNorm for ``torch.nn.GroupNorm`` (diffusers' UNets and VAEs), affine or not.
+
+    Channels-first and channels-last inputs are normalized in place of their layout, and the output
+    keeps it. An input dense in neither layout is made contiguous first, as ``F.group_norm`` does
+    itself; a weight of another dtype than the input (autocast, mixed-precision modules) takes the
+    module's own ``F.group_norm``.
+
+    Shapes:
+        - input: ``[N, C, *spatial]``
+        - output: ``[N, C, *spatial]``
+    """
+
+    weight: torch.Tensor
+    bias: torch.Tensor
+    can_torch_compile: bool = True
+    has_backward: bool = False
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        weight, bias = self.weight, self.bias
+        if (weight is not None and weight.dtype != input.dtype) or (bias is not None and bias.dtype != input.dtype):
+            return torch.nn.functional.group_norm(input, self.num_groups, weight, bias, self.eps)
+        if not is_supported_layout(input):
+            input = input.contiguous()
+        return group_norm(input, self.num_groups, weight, bias, self.eps)
+
+
 # Activations, named as kernels-community's `activation` names them (transformers maps its "SiLU",
 # "GeLU" and "GeluTanh" layer names to these). Shapes: [..., D] -> [..., D]; the *AndMul layers
 # take the concatenated projection [..., 2H] -> [..., H].
@@ -89,7 +118,7 @@ class Silu(torch.nn.Module):
     """``F.silu(x)`` (transformers' ``SiLUActivation``): ``silu``, op ``activation``."""
 
     can_torch_compile: bool = True
-    has_backward: bool = False
+    has_backward: bool = True
 
     @_any_channel_stride
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -100,7 +129,7 @@ class Gelu(torch.nn.Module):
     """``F.gelu(x)`` with erf: ``gelu``, op ``activation``."""
 
     can_torch_compile: bool = True
-    has_backward: bool = False
+    has_backward: bool = True
 
     @_any_channel_stride
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -111,7 +140,7 @@ class GeluTanh(torch.nn.Module):
     """``F.gelu(x, approximate="tanh")`` (transformers' ``GELUTanh``): ``gelu``, op ``activation``."""
 
     can_torch_compile: bool = True
-    has_backward: bool = False
+    has_backward: bool = True
 
     @_any_channel_stride
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -122,7 +151,7 @@ class SiluAndMul(torch.nn.Module):
     """``silu(x[..., :H]) * x[..., H:]``: ``silu_and_mul``, op ``act_and_mul``."""
 
     can_torch_compile: bool = True
-    has_backward: bool = False
+    has_backward: bool = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return silu_and_mul(x)
@@ -132,7 +161,7 @@ class GeluAndMul(torch.nn.Module):
     """``gelu(x[..., :H]) * x[..., H:]`` (erf): ``gelu_and_mul``, op ``act_and_mul``."""
 
     can_torch_compile: bool = True
-    has_backward: bool = False
+    has_backward: bool = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return gelu_and_mul(x)
@@ -142,7 +171,7 @@ class GeluTanhAndMul(torch.nn.Module):
     """``gelu_tanh(x[..., :H]) * x[..., H:]``: ``gelu_tanh_and_mul``, op ``act_and_mul``."""
 
     can_torch_compile: bool = True
-    has_backward: bool = False
+    has_backward: bool = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return gelu_tanh_and_mul(x)
@@ -158,11 +187,11 @@ class RotaryPosEmb(torch.nn.Module):
     """
 
     can_torch_compile: bool = True
-    has_backward: bool = False
+    has_backward: bool = True
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int = 1):
         return apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim)
 
 
-__all__ = ["Gelu", "GeluAndMul", "GeluTanh", "GeluTanhAndMul", "LayerNorm", "RMSNorm", "RotaryPosEmb", "Silu",
+__all__ = ["Gelu", "GeluAndMul", "GeluTanh", "GeluTanhAndMul", "GroupNorm", "LayerNorm", "RMSNorm", "RotaryPosEmb", "Silu",
            "SiluAndMul"]

@@ -3,9 +3,9 @@
 ``linear_gelu(x, weight, bias)`` is ``F.gelu(F.linear(x, weight, bias), approximate="tanh")`` (the
 input projection of the FFNs of LTX-Video, Flux and SD3: diffusers' ``GELU(approximate="tanh")``)
 as one cuBLASLt matmul whose epilogue adds the bias and applies the GELU to the fp32 accumulator,
-so the ``[tokens, 4 * hidden]`` pre-activation is never written and read back. The result is
-rounded once where eager rounds twice (the linear's output, then the GELU's): not bit-equal to
-eager, and closer to the exact value.
+so the ``[tokens, 4 * hidden]`` pre-activation is never written and read back (float16/bfloat16;
+float32 takes F.linear and our gelu_tanh kernel). The result is rounded once where eager rounds
+twice (the linear's output, then the GELU's): not bit-equal to eager, and closer to the exact value.
 """
 
 import math
@@ -20,10 +20,11 @@ def linear_gelu(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
                 out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``gelu_tanh(x @ weight.T + bias)`` in one cuBLASLt matmul with the GELU-bias epilogue.
 
-    cuBLASLt computes the bias and the tanh-form GELU on the fp32 accumulator and rounds once to
-    x's dtype. Where cuBLASLt has no epilogue algorithm for the dtype, layout or alignment on this
-    GPU (``linear_gelu_fused`` says which), the op computes ``F.linear`` and then our ``gelu_tanh``
-    kernel, which rounds as eager does. float32 follows ``torch.backends.cuda.matmul.allow_tf32``.
+    For float16/bfloat16, cuBLASLt computes the bias and the tanh-form GELU on the fp32 accumulator
+    and rounds once to x's dtype. float32, and where cuBLASLt has no epilogue algorithm for the
+    layout or alignment on this GPU (``linear_gelu_fused`` says which), take the separate path:
+    ``F.linear`` (which follows ``torch.backends.cuda.matmul.allow_tf32``), then our ``gelu_tanh``
+    kernel, rounding as eager does (in float32 cuBLASLt's epilogue GELU is less accurate than eager's).
     Gradients flow to x, weight and bias (the backward recomputes the pre-activation).
 
     Parameters
@@ -54,7 +55,7 @@ def linear_gelu(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
 def linear_gelu_fused(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> bool:
     """True when ``linear_gelu(x, weight, bias)`` runs as one cuBLASLt matmul with the GELU epilogue
     on this GPU (asks cuBLASLt's heuristic; launches nothing); False where it takes ``F.linear``
-    and the separate activation kernel. A host-side query for tests and benchmarks."""
+    and the separate activation kernel (always for float32). A host-side query for tests and benchmarks."""
     return _linear_gelu_fused(x, weight, bias)
 
 

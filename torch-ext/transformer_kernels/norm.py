@@ -26,34 +26,11 @@ from typing import Optional, Tuple
 
 import torch
 
+from ._autograd import dispatch, grad_or_zeros, grad_rows, refuse_grad
 from ._ops import add_op_namespace_prefix, ops
 
 ROUNDINGS = ("hf", "diffusers", "torch")
 NORMS = ("rms", "layer")
-
-
-_below_autograd = torch._C._AutoDispatchBelowAutograd
-
-
-def dispatch(op, *args):
-    """op(*args), below the Autograd key when autograd has nothing to record (eager code with grad
-    off, or no tensor argument requiring grad): the Python autograd kernel that register_autograd
-    installs costs several µs a call even then, which host-bound decode pays for every op. Under
-    torch.compile the op is traced as it is, autograd included."""
-    if torch.compiler.is_compiling() or (
-            torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)):
-        return op(*args)
-    with _below_autograd():
-        return op(*args)
-
-
-def refuse_grad(op: str, form: str, *tensors: Optional[torch.Tensor]) -> None:
-    """Raises for a form without a backward (in place, ``out=``) called where autograd would need
-    one: grad enabled and an input that requires grad. Never a silently dropped gradient."""
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
-        raise RuntimeError(
-            f"{op}: the {form} has no backward, and an input requires grad; call the functional form "
-            f"(no out=, not in place) to train through it, or run under torch.no_grad()")
 
 
 def rms_norm_out_dtype(x: torch.Tensor, weight: Optional[torch.Tensor], rounding: str) -> torch.dtype:
@@ -346,20 +323,6 @@ _layer_norm_backward = ops.layer_norm_backward.default
 _norm_modulate_backward = ops.norm_modulate_backward.default
 _gated_add_norm_modulate_backward = ops.gated_add_norm_modulate_backward.default
 _gated_add_backward = ops.gated_add_backward.default
-
-
-def grad_rows(grad: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    """An incoming gradient as the backward kernels read it: rows of unit stride (leading dims any
-    stride). Autograd may hand an expanded one (a sum's backward: stride 0 everywhere); that one is
-    copied once here."""
-    if grad is None or grad.dim() == 0 or grad.size(-1) <= 1 or grad.stride(-1) == 1:
-        return grad
-    return grad.contiguous()
-
-
-def grad_or_zeros(grad: Optional[torch.Tensor], like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The gradient of an output, zeros where autograd passes none (an output not used)."""
-    return grad if grad is not None else like.new_zeros(like.shape, dtype=dtype)
 
 
 def _not_asked(x: torch.Tensor) -> torch.Tensor:

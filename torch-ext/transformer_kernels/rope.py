@@ -26,20 +26,23 @@ calls ``rope_cached_``); each of those names its op in its docstring.
 - ``flux_rope``: diffusers' Flux ``apply_rotary_emb`` (``use_real_unbind_dim=-1``) on q and k
   ``[B, S, H, d]`` with fp32 cos/sin ``[S, d]``: interleaved pairs per head, fp32 math.
 
-Training: the fused q/k norm + RoPE ops (``qk_norm_rope``, ``ltx_qk_norm_rope``,
-``hf_qk_norm_rope``, ``ltx_qk_norm_rope_from_coords``) have a backward for q, k and the two norm
-weights (the inverse rotation, then the RMSNorm backward per row, statistics recomputed from q
-and k). The tables, the coordinates and the frequencies get none: they are built without grad by
-the models; one that requires grad raises. ``hf_qk_norm_rope(out=...)`` has no backward and raises
-where one would be needed.
+Training: ``apply_rotary_pos_emb``, ``ltx_rope``, ``flux_rope`` and ``ltx_rope_from_coords`` have a
+backward (the rotation by -theta: the forward kernels with the sines transposed, in the forward's
+rounding), and so have the fused q/k norm + RoPE ops (``qk_norm_rope``, ``ltx_qk_norm_rope``,
+``hf_qk_norm_rope``, ``ltx_qk_norm_rope_from_coords``: q, k and the two norm weights; the inverse
+rotation, then the RMSNorm backward per row, statistics recomputed from q and k). The tables, the
+coordinates and the frequencies get no gradient: the models build them without grad; one that
+requires grad raises. The in-place inference forms ``apply_rotary_pos_emb_`` and
+``rotary_embedding`` stay forward-only, as does ``hf_qk_norm_rope(out=...)``: where a backward
+would be needed they raise.
 """
 
 from typing import Optional, Tuple
 
 import torch
 
+from ._autograd import check_no_grad, dispatch, grad_or_zeros, grad_rows, refuse_grad, register_backward
 from ._ops import add_op_namespace_prefix, ops
-from .norm import dispatch, grad_or_zeros, grad_rows, refuse_grad
 
 STYLES = ("neox", "interleaved")
 
@@ -53,13 +56,16 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
     pass through). Returns new tensors in q and k's layout. The layout is handled in the op itself:
     views made here in Python would cost a decode step more host time than the kernel takes.
     Op: ``hf_rope``."""
-    return _hf_rope(q, k, cos, sin, unsqueeze_dim)
+    return dispatch(_hf_rope, q, k, cos, sin, unsqueeze_dim)
 
 
 def apply_rotary_pos_emb_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                           unsqueeze_dim: int = 1) -> Tuple[torch.Tensor, torch.Tensor]:
-    """In-place ``apply_rotary_pos_emb``: q and k are overwritten and returned. Op: ``hf_rope_``."""
-    _hf_rope_(q, k, cos, sin, unsqueeze_dim)
+    """In-place ``apply_rotary_pos_emb``: q and k are overwritten and returned. Op: ``hf_rope_``. Inference
+    only (no backward): under grad mode, inputs that require grad are refused; train with
+    ``apply_rotary_pos_emb``."""
+    refuse_grad("apply_rotary_pos_emb_", "in-place form", q, k, cos, sin)
+    dispatch(_hf_rope_, q, k, cos, sin, unsqueeze_dim)
     return q, k
 
 
@@ -69,7 +75,7 @@ def ltx_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Ten
     ``[B, S, C]``. Pairs never straddle heads, so the whole hidden is rotated as one row; the
     identity channels LTX prepends when ``C % 6 != 0`` are in the tables (cos 1, sin 0).
     Op: ``rope`` (interleaved pairs, fp32 math)."""
-    q_out, k_out = _rope(q.unsqueeze(2), k.unsqueeze(2), cos, sin, "interleaved", True)
+    q_out, k_out = dispatch(_rope, q.unsqueeze(2), k.unsqueeze(2), cos, sin, "interleaved", True)
     return q_out.squeeze(2), k_out.squeeze(2)
 
 
@@ -77,7 +83,7 @@ def flux_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Te
                     ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Flux's rotation of q and k ``[B, S, H, d]`` with fp32 cos/sin ``[S, d]`` (shared by every head).
     Op: ``rope`` (interleaved pairs, fp32 math)."""
-    return _rope(q, k, cos.unsqueeze(0), sin.unsqueeze(0), "interleaved", True)
+    return dispatch(_rope, q, k, cos.unsqueeze(0), sin.unsqueeze(0), "interleaved", True)
 
 
 def ltx_qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float,
@@ -168,7 +174,7 @@ def ltx_rope_from_coords(q: torch.Tensor, k: torch.Tensor, grid: torch.Tensor, f
     tuple of torch.Tensor
         New contiguous ``(q_out, k_out)``.
     """
-    return _ltx_rope_from_coords(q, k, grid, freqs)
+    return dispatch(_ltx_rope_from_coords, q, k, grid, freqs)
 
 
 def ltx_qk_norm_rope_from_coords(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
@@ -206,8 +212,10 @@ def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Te
     R/2 cosines then R/2 sines per row, in query's dtype (each op rounded, as vLLM computes) or
     float32 (one rounding). ``is_neox``: half rotation; else GPT-J's interleaved pairs. Channels
     ``>= R`` are left alone. A position outside ``[0, max_position)`` makes that token's rotated
-    channels NaN. Returns ``(query, key)``. Op: ``rope_cached_``."""
-    _rope_cached_(positions, query, key, head_size, cos_sin_cache, "neox" if is_neox else "interleaved")
+    channels NaN. Returns ``(query, key)``. Op: ``rope_cached_``. Inference only (no backward): under
+    grad mode, inputs that require grad are refused."""
+    refuse_grad("rotary_embedding", "in-place form", query, key, cos_sin_cache)
+    dispatch(_rope_cached_, positions, query, key, head_size, cos_sin_cache, "neox" if is_neox else "interleaved")
     return query, key
 
 
@@ -290,6 +298,68 @@ def _(q, k, grid, freqs):
 @torch.library.register_fake(add_op_namespace_prefix("ltx_qk_norm_rope_from_coords"))
 def _(q, k, q_weight, k_weight, eps, grid, freqs):
     return q.new_empty(q.shape), k.new_empty(k.shape)
+
+
+@torch.library.register_fake(add_op_namespace_prefix("rope_backward"))
+def _(grad_q, grad_k, cos, sin, style, fp32_math):
+    torch._check(style in STYLES, lambda: f"rope: style must be one of {STYLES}, got {style!r}")
+    return grad_q.new_empty(grad_q.shape), grad_k.new_empty(grad_k.shape)
+
+
+@torch.library.register_fake(add_op_namespace_prefix("ltx_rope_from_coords_backward"))
+def _(grad_q, grad_k, grid, freqs):
+    return grad_q.new_empty(grad_q.shape), grad_k.new_empty(grad_k.shape)
+
+
+# ---- autograd: the out-of-place rotations' backward is the rotation by -theta (the in-place forms and
+# the backward ops refuse grad: _autograd.refuse_the_rest) ----
+
+_rope_backward = ops.rope_backward.default
+_ltx_rope_from_coords_backward = ops.ltx_rope_from_coords_backward.default
+
+
+def _setup_rope(ctx, inputs, output):
+    q, k, cos, sin, ctx.style, ctx.fp32_math = inputs
+    check_no_grad("rope", cos=cos, sin=sin)
+    ctx.save_for_backward(cos, sin)
+
+
+def _rope_backward_fn(ctx, grad_q, grad_k):
+    cos, sin = ctx.saved_tensors
+    dq, dk = _rope_backward(grad_rows(grad_q), grad_rows(grad_k), cos, sin, ctx.style, ctx.fp32_math)
+    return dq, dk, None, None, None, None
+
+
+def _setup_hf_rope(ctx, inputs, output):
+    q, k, cos, sin, ctx.unsqueeze_dim = inputs
+    check_no_grad("apply_rotary_pos_emb", cos=cos, sin=sin)
+    ctx.save_for_backward(cos, sin)
+
+
+def _hf_rope_backward_fn(ctx, grad_q, grad_k):
+    cos, sin = ctx.saved_tensors
+    # The kernels' [B, S, H, d] view of transformers' [B, H, S, d] (unsqueeze_dim 1), and back.
+    as_bshd = (lambda t: t.transpose(1, 2)) if ctx.unsqueeze_dim == 1 else (lambda t: t)
+    dq, dk = _rope_backward(as_bshd(grad_rows(grad_q)), as_bshd(grad_rows(grad_k)), cos, sin,
+                            "neox", False)
+    return as_bshd(dq), as_bshd(dk), None, None, None
+
+
+def _setup_ltx_rope_from_coords(ctx, inputs, output):
+    q, k, grid, freqs = inputs
+    check_no_grad("ltx_rope_from_coords", grid=grid, freqs=freqs)
+    ctx.save_for_backward(grid, freqs)
+
+
+def _ltx_rope_from_coords_backward_fn(ctx, grad_q, grad_k):
+    grid, freqs = ctx.saved_tensors
+    dq, dk = _ltx_rope_from_coords_backward(grad_rows(grad_q), grad_rows(grad_k), grid, freqs)
+    return dq, dk, None, None
+
+
+register_backward("rope", _rope_backward_fn, _setup_rope)
+register_backward("hf_rope", _hf_rope_backward_fn, _setup_hf_rope)
+register_backward("ltx_rope_from_coords", _ltx_rope_from_coords_backward_fn, _setup_ltx_rope_from_coords)
 
 
 # ---- training: the fused q/k norm + RoPE backward ops (fake implementations) and autograd ----

@@ -1,0 +1,251 @@
+// Torch entry points of GroupNorm: validate, plan, allocate the output and the statistics
+// workspace, and call the torch-free launcher in group_norm.cuh on the current stream of x's device.
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/ops/empty.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <limits>
+#include <optional>
+#include <string_view>
+#include <vector>
+
+#include "common/checks.h"
+#include "common/dispatch.h"
+#include "group_norm/group_norm.cuh"
+
+namespace transformer_kernels {
+namespace {
+
+using OptTensor = std::optional<at::Tensor>;
+
+constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
+
+// One call's operands, validated.
+struct GroupNormCall {
+  const char* op;
+  const at::Tensor* x;
+  const at::Tensor* bias_nc;  // [N or 1, C(, 1...)] or null
+  const OptTensor* weight;
+  const OptTensor* bias;
+  int64_t groups;
+  double eps;
+  bool silu;
+  GroupNormLayout layout;
+};
+
+bool resolve_silu(const char* op, std::string_view activation) {
+  if (activation == "silu") return true;
+  if (activation == "none") return false;
+  TORCH_CHECK_VALUE(false, op, ": activation must be \"none\" or \"silu\", got \"", activation, "\"");
+}
+
+// True when t is dense in its dimensions 1.. taken innermost first in `order` (sizes of 1 ignored).
+bool dense_in_order(const at::Tensor& t, const std::vector<int64_t>& order) {
+  int64_t expected = 1;
+  for (const int64_t d : order) {
+    if (t.size(d) != 1 && t.stride(d) != expected) return false;
+    expected *= t.size(d);
+  }
+  return true;
+}
+
+std::vector<int64_t> channels_first_order(int64_t dim) {
+  std::vector<int64_t> order;
+  for (int64_t d = dim - 1; d >= 1; --d) order.push_back(d);
+  return order;
+}
+
+std::vector<int64_t> channels_last_order(int64_t dim) {
+  std::vector<int64_t> order{1};
+  for (int64_t d = dim - 1; d >= 2; --d) order.push_back(d);
+  return order;
+}
+
+// Channels-first when t is dense that way (also the choice when it is dense both ways: S == 1, C == 1).
+std::optional<GroupNormLayout> layout_of(const at::Tensor& t) {
+  if (dense_in_order(t, channels_first_order(t.dim()))) return GroupNormLayout::kChannelsFirst;
+  if (dense_in_order(t, channels_last_order(t.dim()))) return GroupNormLayout::kChannelsLast;
+  return std::nullopt;
+}
+
+int64_t spatial_size(const at::Tensor& x) {
+  int64_t s = 1;
+  for (int64_t d = 2; d < x.dim(); ++d) s *= x.size(d);
+  return s;
+}
+
+GroupNormLayout check_x(const char* op, const at::Tensor& x, int64_t groups) {
+  check_cuda(op, x, "x");
+  check_float_dtype(op, x, "x");
+  TORCH_CHECK_VALUE(x.dim() >= 2, op, ": x must be [N, C, *spatial] (at least 2 dimensions), got shape ", x.sizes());
+  TORCH_CHECK_VALUE(groups > 0, op, ": num_groups must be positive, got ", groups);
+  const int64_t C = x.size(1);
+  TORCH_CHECK_VALUE(C % groups == 0, op, ": x's channel count (x.shape[1] = ", C, ") must be divisible by num_groups (",
+                    groups, ")");
+  const std::optional<GroupNormLayout> layout = layout_of(x);
+  TORCH_CHECK_VALUE(layout.has_value(), op,
+                    ": x must be dense in its channel and spatial dimensions, channels-first (NCHW, NCDHW: "
+                    "x.contiguous()) or channels-last (NHWC, NDHWC: x.contiguous(memory_format=torch.channels_last)); "
+                    "the batch stride is free. Got shape ", x.sizes(), " and strides ", x.strides());
+  const int64_t S = spatial_size(x);
+  TORCH_CHECK_VALUE(C <= kMaxInt32 && S <= kMaxInt32 && (C / groups) * S <= kMaxInt32, op,
+                    ": a group of x (C / num_groups * prod(spatial) = ", (C / groups) * S,
+                    " elements) and its spatial size must stay below 2^31");
+  return *layout;
+}
+
+// A per-channel parameter: [C], contiguous, x's dtype (as F.group_norm's CUDA kernel reads it).
+void check_param(const char* op, const OptTensor& t, const char* name, const at::Tensor& x) {
+  if (!t) return;
+  check_same_device(op, *t, name, x, "x");
+  check_dtype(op, *t, name, x.scalar_type(), "the dtype of x");
+  TORCH_CHECK_VALUE(t->dim() == 1 && t->size(0) == x.size(1), op, ": ", name, " must be 1-D with x.shape[1] = ",
+                    x.size(1), " elements, got shape ", t->sizes());
+  TORCH_CHECK_VALUE(t->size(0) <= 1 || t->stride(0) == 1, op, ": ", name, " must be contiguous, got stride ",
+                    t->stride(0));
+}
+
+// The added per-(sample, channel) bias: [N or 1, C] or that with trailing 1s ([N, C, 1, 1], the
+// time embedding as ResnetBlock2D broadcasts it), x's dtype, channels of unit stride.
+void check_bias_nc(const char* op, const at::Tensor& t, const at::Tensor& x) {
+  check_same_device(op, t, "bias_nc", x, "x");
+  check_dtype(op, t, "bias_nc", x.scalar_type(), "the dtype of x");
+  bool shape_ok = t.dim() >= 2 && t.dim() <= x.dim() && (t.size(0) == 1 || t.size(0) == x.size(0)) &&
+                  t.size(1) == x.size(1);
+  for (int64_t d = 2; shape_ok && d < t.dim(); ++d) shape_ok = t.size(d) == 1;
+  TORCH_CHECK_VALUE(shape_ok, op, ": bias_nc must be [N or 1, C] or [N or 1, C, 1, ...] for x of shape ", x.sizes(),
+                    ", got shape ", t.sizes());
+  TORCH_CHECK_VALUE(t.size(1) <= 1 || t.stride(1) == 1, op, ": bias_nc must have unit stride along channels, got ",
+                    "strides ", t.strides());
+}
+
+GroupNormCall make_call(const char* op, const at::Tensor& x, const at::Tensor* bias_nc, int64_t groups,
+                        const OptTensor& weight, const OptTensor& bias, double eps, std::string_view activation) {
+  const GroupNormLayout layout = check_x(op, x, groups);
+  check_param(op, weight, "weight", x);
+  check_param(op, bias, "bias", x);
+  check_eps(op, eps);
+  if (bias_nc != nullptr) check_bias_nc(op, *bias_nc, x);
+  return {op, &x, bias_nc, &weight, &bias, groups, eps, resolve_silu(op, activation), layout};
+}
+
+// The output in x's layout (channels-last outputs keep x's memory format, as the next conv wants).
+at::Tensor empty_output(const GroupNormCall& c) {
+  const at::Tensor& x = *c.x;
+  if (c.layout == GroupNormLayout::kChannelsFirst) return at::empty(x.sizes(), x.options());
+  std::vector<int64_t> sizes{x.size(0)}, perm{0, x.dim() - 1};
+  for (int64_t d = 2; d < x.dim(); ++d) sizes.push_back(x.size(d));
+  sizes.push_back(x.size(1));
+  for (int64_t d = 1; d < x.dim() - 1; ++d) perm.push_back(d);
+  return at::empty(sizes, x.options()).permute(perm);
+}
+
+void check_out(const GroupNormCall& c, const at::Tensor& out) {
+  const at::Tensor& x = *c.x;
+  check_same_device(c.op, out, "out", x, "x");
+  TORCH_CHECK_VALUE(out.sizes() == x.sizes(), c.op, ": out must have the shape of x ", x.sizes(), ", got ", out.sizes());
+  check_dtype(c.op, out, "out", x.scalar_type(), "the dtype of x");
+  const std::vector<int64_t> order =
+      c.layout == GroupNormLayout::kChannelsFirst ? channels_first_order(x.dim()) : channels_last_order(x.dim());
+  TORCH_CHECK_VALUE(dense_in_order(out, order), c.op, ": out must have x's memory format (",
+                    c.layout == GroupNormLayout::kChannelsFirst ? "channels-first" : "channels-last",
+                    ", any batch stride), got strides ", out.strides(), " for x's ", x.strides());
+  check_writable_output(c.op, out, "out");
+  check_no_overlap(c.op, out, "out", x, "x");
+  if (c.bias_nc != nullptr) check_no_overlap(c.op, out, "out", *c.bias_nc, "bias_nc");
+  if (*c.weight) check_no_overlap(c.op, out, "out", **c.weight, "weight");
+  if (*c.bias) check_no_overlap(c.op, out, "out", **c.bias, "bias");
+}
+
+// eps as ATen's CUDA kernel adds it: cast to x's dtype first (static_cast<scalar_t>(eps)).
+template <typename T>
+float aten_eps(double eps) {
+  if constexpr (std::is_same_v<T, __half>) return static_cast<float>(static_cast<at::Half>(eps));
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>) return static_cast<float>(static_cast<at::BFloat16>(eps));
+  else return static_cast<float>(eps);
+}
+
+int64_t batch_stride(const at::Tensor& t) { return t.size(0) == 1 ? 0 : t.stride(0); }
+
+template <typename T>
+void run(const GroupNormCall& c, at::Tensor& out) {
+  const at::Tensor& x = *c.x;
+  GroupNormParams<T> p;
+  p.x = reinterpret_cast<const T*>(x.const_data_ptr());
+  p.x_batch_stride = batch_stride(x);
+  if (c.bias_nc != nullptr) {
+    p.bias_nc = reinterpret_cast<const T*>(c.bias_nc->const_data_ptr());
+    p.bias_nc_batch_stride = batch_stride(*c.bias_nc);
+  }
+  if (*c.weight) p.weight = reinterpret_cast<const T*>((*c.weight)->const_data_ptr());
+  if (*c.bias) p.bias = reinterpret_cast<const T*>((*c.bias)->const_data_ptr());
+  p.out = reinterpret_cast<T*>(out.data_ptr());
+  p.out_batch_stride = batch_stride(out);
+  p.batch = x.size(0);
+  p.channels = static_cast<int>(x.size(1));
+  p.groups = static_cast<int>(c.groups);
+  p.spatial = spatial_size(x);
+  p.eps = aten_eps<T>(c.eps);
+  p.silu = c.silu;
+  p.plan = group_norm_plan(p, c.layout, at::cuda::getCurrentDeviceProperties()->multiProcessorCount);
+  TORCH_CHECK_VALUE(group_norm_plan_supported(p.plan), c.op, ": channels-last x with ", p.channels,
+                    " channels needs at most ", kGroupNormMaxRowThreads, " vectors across a row (16-byte vectors "
+                    "when C is a multiple of ", vec_size<T>(), " and x and out are 16-byte aligned, else single "
+                    "elements); pass x.contiguous()");
+  const int64_t blocks = c.layout == GroupNormLayout::kChannelsFirst ? p.batch * p.groups * p.plan.parts
+                                                                      : p.batch * p.plan.parts;
+  TORCH_CHECK_VALUE(blocks <= kMaxInt32 && p.batch * p.groups <= kMaxInt32 / kWarpSize, c.op, ": x of shape ",
+                    x.sizes(), " needs more thread blocks than a grid holds");
+  // The statistics' workspace, freed after the launches: the caching allocator reuses it only for
+  // later work on this stream.
+  at::Tensor workspace;
+  const int64_t floats = group_norm_workspace_floats(p.plan, p.batch, p.groups);
+  if (floats > 0) {
+    workspace = at::empty({floats}, x.options().dtype(at::kFloat));
+    p.workspace = workspace.data_ptr<float>();
+  }
+  const cudaError_t err = group_norm(p, at::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, c.op, ": kernel launch failed: ", cudaGetErrorString(err));
+}
+
+void launch(const GroupNormCall& c, at::Tensor& out) {
+  if (c.x->numel() == 0) return;
+  const at::cuda::OptionalCUDAGuard device_guard(c.x->device());
+  dispatch_float_dtype(c.x->scalar_type(), "x", [&](auto tag) { run<typename decltype(tag)::type>(c, out); });
+}
+
+}  // namespace
+
+at::Tensor group_norm(const at::Tensor& x, int64_t num_groups, const OptTensor& weight, const OptTensor& bias,
+                      double eps, std::string_view activation) {
+  const GroupNormCall c = make_call("group_norm", x, nullptr, num_groups, weight, bias, eps, activation);
+  at::Tensor out = empty_output(c);
+  launch(c, out);
+  return out;
+}
+
+void group_norm_out(at::Tensor& out, const at::Tensor& x, int64_t num_groups, const OptTensor& weight,
+                    const OptTensor& bias, double eps, std::string_view activation) {
+  const GroupNormCall c = make_call("group_norm", x, nullptr, num_groups, weight, bias, eps, activation);
+  check_out(c, out);
+  launch(c, out);
+}
+
+at::Tensor add_group_norm(const at::Tensor& x, const at::Tensor& bias_nc, int64_t num_groups, const OptTensor& weight,
+                          const OptTensor& bias, double eps, std::string_view activation) {
+  const GroupNormCall c = make_call("add_group_norm", x, &bias_nc, num_groups, weight, bias, eps, activation);
+  at::Tensor out = empty_output(c);
+  launch(c, out);
+  return out;
+}
+
+void add_group_norm_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& bias_nc, int64_t num_groups,
+                        const OptTensor& weight, const OptTensor& bias, double eps, std::string_view activation) {
+  const GroupNormCall c = make_call("add_group_norm", x, &bias_nc, num_groups, weight, bias, eps, activation);
+  check_out(c, out);
+  launch(c, out);
+}
+
+}  // namespace transformer_kernels
