@@ -159,7 +159,9 @@ struct NormRow {
   int hidden;
   int num_vecs;
   int tail_col;
-  bool has_tail;  // the tail is < kVec <= 8 elements
+  // The tail (< kVec <= 8 elements, one a lane): never on the launcher's paths (norm.cuh's vectorizable
+  // takes whole vectors only; the scalar path has no tail), kept so that the kernels' code is unchanged.
+  bool has_tail;
 
   TK_DEVICE NormRow(const typename Op::Params& params, const RowGroup<kThreadsPerRow>& group, int64_t row_)
       : p(params), lane(group.lane), threads(group.threads), lanes_with_rows(group.mask), row(row_) {
