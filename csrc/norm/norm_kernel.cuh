@@ -275,7 +275,9 @@ struct NormRow {
         } else {
           const float n = count + s[0], delta = s[1] - mean;
           mean += delta * (s[0] / n);
-          m2 += s[2] + delta * delta * (count * s[0] / n);
+          // No cross term into an empty accumulator: delta^2 may overflow (a row of 1e20s), and inf * 0
+          // would make the row NaN where its variance is merely inf (rstd 0, as one block gives).
+          m2 += s[2] + (count > 0.f ? delta * delta * (count * s[0] / n) : 0.f);
           count = n;
         }
       }
