@@ -67,9 +67,17 @@ def mismatch_vs_eager(ours, eager, magnitude, ulps):
     return (ours != eager).double().mean().item()
 
 
+# Elements that may differ from eager however small the tensor: a share budget below 2 / n would
+# demand bit equality, which no fp32 reduction in another order guarantees (a tie at a rounding
+# boundary is as likely per element in 231 elements as in a million: ~2% of 33 x 7 bf16 LayerNorm
+# batches have one, by emulation of both summation orders).
+MISMATCH_FLOOR = 2
+
+
 def assert_matches_eager(ours, eager, magnitude, ulps=2):
     share = mismatch_vs_eager(ours, eager, magnitude, ulps)
-    assert share <= MISMATCH_BUDGET.get(ours.dtype, 1.0), f"{share:.2%} of the elements differ from eager"
+    budget = max(MISMATCH_BUDGET.get(ours.dtype, 1.0), MISMATCH_FLOOR / max(ours.numel(), 1))
+    assert share <= budget, f"{share:.2%} of the elements differ from eager ({share * ours.numel():.0f} of {ours.numel()})"
 
 
 def assert_rejects(call, exc, message):

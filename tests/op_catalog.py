@@ -9,7 +9,7 @@ the sanitizer driver (tests/sanitize/driver.py). An entry builds one call of one
 - ``unaligned``: operands one element (two for the forms that rotate whole pairs) past a 16-byte boundary;
 - ``strided``: leading dimensions that cannot merge and padded rows (norms, activations); views of
   one fused QKV projection (RoPE);
-- ``split``, ``split_vec``: a few rows wider than 16K, split across blocks (norms; odd and aligned);
+- ``split``, ``split_vec``: a few rows wider than 16K (norms: odd, a block per row; aligned, split across blocks);
   for linear_gelu the same shapes are [..., in_features] (out_features LINEAR_OUT_FEATURES);
 - ``empty``: no rows (no tokens); ``empty_width``: rows of no elements (norms, activations).
 
@@ -37,7 +37,7 @@ ROW_SHAPES = {
     "odd": ((1, 5, 127), "contiguous"),
     "unaligned": ((1, 9, 256), "offset"),
     "strided": ((2, 5, 512), "strided"),
-    "split": ((1, 2, 3 * 8192 + 5), "contiguous"),  # fewer rows than SMs: split; odd: element by element
+    "split": ((1, 2, 3 * 8192 + 5), "contiguous"),  # odd: element by element, a block per row (not split)
     "split_vec": ((1, 2, 3 * 8192 + 8), "contiguous"),  # split, vectorized, with a partial last chunk
     "empty": ((2, 0, 64), "contiguous"),
     "empty_width": ((2, 3, 0), "contiguous"),

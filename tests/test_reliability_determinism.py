@@ -4,14 +4,17 @@ test_reliability_ops.py.)
 Where the norms' bits depend on more than the row itself, and why (the same text is in the
 docstring of transformer_kernels.norm):
 
-- Rows wider than 16384 elements are split across blocks when the batch has fewer than two rows
-  per SM (``norm_split_chunks`` in csrc/norm/norm.cuh): the row's statistic is then summed per
-  8192-element chunk and the chunks combined in order, instead of by one block. So a wide row's
-  bits depend on whether its batch has fewer than 2 x SM-count rows, and so on the GPU's SM count.
-  Within each regime they do not depend on the batch (tested here).
-- The vectorized and element-by-element paths (chosen by the alignment of every operand's
-  pointer and row stride) sum in different orders: a row's bits can depend on its tensor's
-  alignment (bounds against float64 hold on both; tested in test_norm_family / test_rms_norm).
+- Rows wider than 16384 elements on the 16-byte path (below) are split across blocks when the batch
+  has fewer than two rows per SM (``norm_split_chunks`` in csrc/norm/norm.cuh): the row's statistic
+  is then summed per 8192-element chunk and the chunks combined in order, instead of by one block.
+  So such a row's bits depend on whether its batch has fewer than 2 x SM-count rows, and so on the
+  GPU's SM count. Within each regime they do not depend on the batch (tested here).
+- The 16-byte path takes rows whose width the vector divides (8 elements for fp16/bf16, 4 for
+  fp32) when every operand's pointer and row stride are 16-byte aligned; the element-by-element
+  path, for every other row, sums in another order: a row's bits can depend on its tensor's
+  alignment (bounds against float64 hold on both; tested in test_norm_family / test_rms_norm). A
+  batch of one row has no row stride: one row of a view whose row stride is not aligned (a padded
+  slice) takes the 16-byte path where the view's batches of more rows do not.
 - Everything else (row groups, warps or a block per row, chosen from the row width alone) gives a
   row the same bits in any batch, at any position, on any GPU of the same architecture.
 """
@@ -26,7 +29,8 @@ pytestmark = pytest.mark.gpu
 DEVICE = "cuda"  # (a CPU dry run of the test code sets it to "cpu" with an eager stand-in for the kernel)
 
 SPLIT_MIN_HIDDEN = 16384  # csrc/norm/norm.cuh: kSplitMinHidden (rows wider than this may be split)
-SPLIT_HIDDEN = 3 * 8192 + 5
+SPLIT_HIDDEN = 3 * 8192 + 8  # split (a width every vector divides), with a partial last chunk
+ODD_WIDE_HIDDEN = 3 * 8192 + 5  # element by element: a block per row, never split
 
 
 def sm_count():
@@ -75,11 +79,12 @@ def assert_all_same_bits(results, what):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("hidden", [7, 64, 769, 4096, SPLIT_MIN_HIDDEN])
+@pytest.mark.parametrize("hidden", [7, 64, 769, 4096, SPLIT_MIN_HIDDEN, ODD_WIDE_HIDDEN])
 @pytest.mark.parametrize("op", OPS)
 def test_unsplit_row_bits_do_not_depend_on_the_batch(tk, op, dtype, hidden):
-    """Rows of at most 16384 elements are never split: a row has the same bits alone, first, last,
-    or anywhere in batches of any size."""
+    """Rows of at most 16384 elements, and rows of widths the vectors do not divide, are never
+    split: a row has the same bits alone, first, last, or anywhere in batches of any size (one
+    row, whose tensor has no row stride, included)."""
     batches = [1, 2, 33, 1000 if hidden <= 4096 else 300]
     for row in (0, -1, 1):
         results, _, _ = row_in_batches(tk, op, dtype, hidden, batches, row)

@@ -43,7 +43,8 @@ constexpr auto norm_kernel() {
 template <typename Op, auto kKernel>
 int block_threads(int64_t vecs) {
   const int limit = max_block_threads<kKernel>(Op::policy::kGroupBlockThreads);
-  return std::min({kMaxBlockThreads, limit, warps_covering(vecs, Op::template cached_vecs<0>())});
+  const int wanted = std::min({kMaxBlockThreads, limit, warps_covering(vecs, Op::template cached_vecs<0>())});
+  return std::max(kWarpSize, wanted);  // a whole warp even for a row of no vectors (a launch of 0 threads fails)
 }
 
 // Row groups (Policy::RowGroups) for rows that fit them, a block per row beyond;
@@ -81,6 +82,10 @@ cudaError_t launch(const typename Op::Params& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+// The 16-byte path takes whole vectors only: the width a multiple of the vector, every pointer and
+// row stride aligned. A tail after the vectors (NormRow::has_tail) is never launched: with one, a
+// row's bits depended on its batch (a single row has no stride to misalign), 4-lane row groups
+// dropped tail elements past the 4th, and a modulated row shorter than a vector got 0 threads.
 template <typename T, typename W, typename O>
 bool vectorizable(const NormParams<T, W, O>& p, int vec) {
   auto ok = [&](const void* ptr, int bytes_per_vec, const RowIndexer* rows) {
@@ -88,16 +93,17 @@ bool vectorizable(const NormParams<T, W, O>& p, int vec) {
     const int align = bytes_per_vec < kVecBytes ? bytes_per_vec : kVecBytes;
     return reinterpret_cast<uintptr_t>(ptr) % align == 0 && (rows == nullptr || rows->rows_aligned_to(vec));
   };
-  return ok(p.x, vec * sizeof(T), &p.x_rows) && ok(p.residual, vec * sizeof(T), &p.residual_rows) &&
-         ok(p.gate, vec * sizeof(T), &p.gate_rows) && ok(p.weight, vec * sizeof(W), nullptr) &&
-         ok(p.bias, vec * sizeof(W), nullptr) && ok(p.scale, vec * sizeof(T), &p.scale_rows) &&
-         ok(p.shift, vec * sizeof(T), &p.shift_rows) && ok(p.out, vec * sizeof(O), &p.out_rows) &&
-         ok(p.h_out, vec * sizeof(T), &p.h_rows);
+  return p.hidden % vec == 0 && ok(p.x, vec * sizeof(T), &p.x_rows) &&
+         ok(p.residual, vec * sizeof(T), &p.residual_rows) && ok(p.gate, vec * sizeof(T), &p.gate_rows) &&
+         ok(p.weight, vec * sizeof(W), nullptr) && ok(p.bias, vec * sizeof(W), nullptr) &&
+         ok(p.scale, vec * sizeof(T), &p.scale_rows) && ok(p.shift, vec * sizeof(T), &p.shift_rows) &&
+         ok(p.out, vec * sizeof(O), &p.out_rows) && ok(p.h_out, vec * sizeof(T), &p.h_rows);
 }
 
 }  // namespace norm_detail
 
-// Host launcher: 16-byte vectors when every pointer and row stride allows it, scalar otherwise.
+// Host launcher: 16-byte vectors when the width and every pointer and row stride allow it
+// (vectorizable), scalar otherwise.
 // kMod requires p.scale (p.shift optional); without kMod scale and shift are ignored. p.split_chunks
 // > 1 (from norm_split_chunks) needs p.split_stats and lets the 16-byte path of the unmodulated
 // norms split rows (two launches).

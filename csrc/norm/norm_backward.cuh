@@ -103,11 +103,14 @@ struct NormBackwardParams {
   T* dy = nullptr;  // [rows, hidden] contiguous: dh * gate, or none
   // A parameter's gradient is reduced (partials [items, hidden] summed by column_sums into
   // reduced [rows / reduced_segment_rows, hidden], weight_t for weight and bias, T otherwise),
-  // written row by row (full [rows, hidden]: scale, shift, gate without broadcast), or not wanted.
+  // written row by row (full [rows, hidden]: scale, shift, gate without broadcast; full_f32
+  // [rows, hidden]: the rows of any other broadcast, which the caller sums in fp32 and rounds
+  // once), or not wanted.
   float* partials[kNumParamGrads] = {};
   void* reduced[kNumParamGrads] = {};
   int64_t reduced_segment_rows[kNumParamGrads] = {};
   T* full[kNumParamGrads] = {};
+  float* full_f32[kNumParamGrads] = {};
   int64_t num_rows;
   int64_t hidden;
   float eps;
@@ -220,6 +223,9 @@ TK_DEVICE void norm_backward_body(const NormBackwardParams<T, weight_t, grad_t>&
     auto go = [&](int k, int i) { return to_float(go_raw[k][i]); };
     // dn, the gradient of the norm's output: dout * (1 + scale) (scale 0 where there is none)
     auto dn = [&](int k, int i) { return kMod ? go(k, i) * (1.f + to_float(scale_raw[k][i])) : go(k, i); };
+    // g = dn * w, rounded once (no FMA contraction): the same value in mean(g) and in dh, whose
+    // difference is then exact (0 for a row of one element, as LayerNorm's true gradient is).
+    auto gw = [&](int k, int i) { return __fmul_rn(dn(k, i), w[k][i]); };
 
     // The row's statistics: rstd, mean (LayerNorm), mean(g) (LayerNorm) and c = mean(g * xhat).
     float mean = 0.f, rstd = 1.f, mean_g = 0.f, c_gx = 0.f;
@@ -237,7 +243,9 @@ TK_DEVICE void norm_backward_body(const NormBackwardParams<T, weight_t, grad_t>&
           if constexpr (kLayer) {
             const float n = count + s[0], delta = s[1] - mean;
             mean += delta * (s[0] / n);
-            m2 += s[2] + delta * delta * (count * s[0] / n);
+            // No cross term into an empty accumulator: delta^2 may overflow (a row of 1e20s), and inf * 0
+            // would make the row NaN where its variance is merely inf (rstd 0, as one block gives).
+            m2 += s[2] + (count > 0.f ? delta * delta * (count * s[0] / n) : 0.f);
             count = n;
           } else {
             s_hh += s[0];
@@ -265,7 +273,7 @@ TK_DEVICE void norm_backward_body(const NormBackwardParams<T, weight_t, grad_t>&
 #pragma unroll
             for (int i = 0; i < kVec; ++i) {
               s[0] += hv(k, i) * hv(k, i);
-              s[1] += dn(k, i) * w[k][i] * hv(k, i);
+              s[1] += gw(k, i) * hv(k, i);
             }
           }
           row_group_sum(s, threads);
@@ -291,7 +299,7 @@ TK_DEVICE void norm_backward_body(const NormBackwardParams<T, weight_t, grad_t>&
             if (vec_of(k) >= num_vecs) continue;  // idle slots hold h = 0, not the mean
 #pragma unroll
             for (int i = 0; i < kVec; ++i) {
-              const float d = hv(k, i) - mean, g = dn(k, i) * w[k][i];
+              const float d = hv(k, i) - mean, g = gw(k, i);
               s[0] += d * d;
               s[1] += g;
               s[2] += g * d;
@@ -322,6 +330,18 @@ TK_DEVICE void norm_backward_body(const NormBackwardParams<T, weight_t, grad_t>&
       o.cast_from(v);
       o.store(dst);
     };
+    auto wants_full = [&](int which) { return p.full[which] != nullptr || p.full_f32[which] != nullptr; };
+    // Column c of this row of a row-by-row gradient, in T or (full_f32) in fp32.
+    auto store_full = [&](int which, int c, const float (&v)[kVec]) {
+      if (p.full[which] != nullptr) {
+        store(p.full[which] + out_row + c, v);
+      } else {
+        vec_t<float, kVec> o;
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) o[i] = v[i];
+        o.store(p.full_f32[which] + out_row + c);
+      }
+    };
 #pragma unroll
     for (int k = 0; k < kVecs; ++k) {
       if (vec_of(k) >= num_vecs) continue;
@@ -331,7 +351,7 @@ TK_DEVICE void norm_backward_body(const NormBackwardParams<T, weight_t, grad_t>&
       for (int i = 0; i < kVec; ++i) {
         if constexpr (kStats) {
           const float xhat = (hv(k, i) - mean) * rstd, d = dn(k, i);
-          dh[i] = rstd * (d * w[k][i] - mean_g - xhat * c_gx);
+          dh[i] = rstd * (gw(k, i) - mean_g - xhat * c_gx);
           if (want_w) acc_w[k][i] += d * xhat;
           if (want_b) acc_b[k][i] += d;
           ds[i] = go(k, i) * (xhat * w[k][i] + b[k][i]);
@@ -340,17 +360,17 @@ TK_DEVICE void norm_backward_body(const NormBackwardParams<T, weight_t, grad_t>&
         }
       }
       if constexpr (kMod) {
-        if (p.full[kGradScale] != nullptr) {
-          store(p.full[kGradScale] + out_row + c, ds);
+        if (wants_full(kGradScale)) {
+          store_full(kGradScale, c, ds);
         } else if (p.partials[kGradScale] != nullptr) {
 #pragma unroll
           for (int i = 0; i < kVec; ++i) acc_scale[k][i] += ds[i];
         }
-        if (p.full[kGradShift] != nullptr) {
+        if (wants_full(kGradShift)) {
           float g[kVec];
 #pragma unroll
           for (int i = 0; i < kVec; ++i) g[i] = go(k, i);
-          store(p.full[kGradShift] + out_row + c, g);
+          store_full(kGradShift, c, g);
         } else if (p.partials[kGradShift] != nullptr) {
 #pragma unroll
           for (int i = 0; i < kVec; ++i) acc_shift[k][i] += go(k, i);
@@ -376,15 +396,15 @@ TK_DEVICE void norm_backward_body(const NormBackwardParams<T, weight_t, grad_t>&
             for (int i = 0; i < kVec; ++i) d[i] = dh[i] * gt[i];
             store(p.dy + out_row + c, d);
           }
-          if (p.full[kGradGate] != nullptr || p.partials[kGradGate] != nullptr) {
+          if (wants_full(kGradGate) || p.partials[kGradGate] != nullptr) {
             vec yv;
             yv.load(y + c);
             float yf[kVec], d[kVec];
             yv.cast_to(yf);
 #pragma unroll
             for (int i = 0; i < kVec; ++i) d[i] = dh[i] * yf[i];
-            if (p.full[kGradGate] != nullptr) {
-              store(p.full[kGradGate] + out_row + c, d);
+            if (wants_full(kGradGate)) {
+              store_full(kGradGate, c, d);
             } else {
 #pragma unroll
               for (int i = 0; i < kVec; ++i) acc_gate[k][i] += d[i];
@@ -437,7 +457,8 @@ bool vectorizable(const NormBackwardParams<T, W, G>& p, int vec) {
            (rows == nullptr || rows->rows_aligned_to(vec));
   };
   bool full_ok = true;
-  for (int i = 0; i < kNumParamGrads; ++i) full_ok = full_ok && ok(p.full[i], sizeof(T), nullptr);
+  for (int i = 0; i < kNumParamGrads; ++i)
+    full_ok = full_ok && ok(p.full[i], sizeof(T), nullptr) && ok(p.full_f32[i], sizeof(float), nullptr);
   return p.hidden % vec == 0 && ok(p.dout, sizeof(G), &p.dout_rows) && ok(p.dh_in, sizeof(T), &p.dh_in_rows) &&
          ok(p.h, sizeof(T), &p.h_rows) && ok(p.weight, sizeof(W), nullptr) && ok(p.bias, sizeof(W), nullptr) &&
          ok(p.scale, sizeof(T), &p.scale_rows) &&

@@ -20,7 +20,7 @@ namespace norm_backward_binding {
 // parameter has a row per row of x), reduced over segments of segment_rows consecutive rows (its
 // leading dimensions are x's up to one, size 1 from there on: [hidden], [B, 1, hidden], [B, F, 1,
 // hidden]), or, for any other broadcast ([1, S, hidden]), row by row into a temporary of x's shape
-// that torch then sums to the parameter's shape (sum_after).
+// that torch then sums to the parameter's shape (sum_after: in fp32, rounded once).
 struct GradLayout {
   int64_t segment_rows;
   bool sum_after;
@@ -94,9 +94,9 @@ bool run(const NormBackwardCall& c) {
       continue;
     }
     const GradLayout layout = grad_layout(*params[i], x);
-    if (layout.sum_after) {
-      sum_after[i] = at::empty(x.sizes(), x.options());
-      p.full[i] = reinterpret_cast<T*>(sum_after[i].data_ptr());
+    if (layout.sum_after) {  // fp32 rows: rows rounded to T before the sum would add a rounding each
+      sum_after[i] = at::empty(x.sizes(), x.options().dtype(at::kFloat));
+      p.full_f32[i] = sum_after[i].data_ptr<float>();
     } else if (layout.segment_rows == 1) {
       p.full[i] = reinterpret_cast<T*>(grad->data_ptr());
     } else {
@@ -129,12 +129,14 @@ bool run(const NormBackwardCall& c) {
 }
 
 // The dtype combinations each kernel serves: x's T with a weight in T, or in fp32 (where the op
-// allows it), and the output gradient in T or, for RMSNorm's fp32-weight rounding, fp32.
+// allows it), and the output gradient in T or, for RMSNorm's fp32-weight rounding, fp32. The
+// modulated RMSNorms take x's dtype only, but the chunked kernels (all features) serve every op of
+// their norm, rms_norm's fp32 weight included.
 template <NormBackwardType kNorm, int kFeatures, bool kWholeRows>
 bool dispatch_dtypes(const NormBackwardCall& c) {
   constexpr bool kMod = (kFeatures & kBackwardMod) != 0;
   constexpr bool kAffine = (kFeatures & kBackwardAffine) != 0;
-  constexpr bool kF32Weight = kAffine && !(kNorm == NormBackwardType::kRms && kMod);
+  constexpr bool kF32Weight = kAffine && (!kWholeRows || !(kNorm == NormBackwardType::kRms && kMod));
   constexpr bool kF32Grad = kF32Weight && kNorm == NormBackwardType::kRms;
   const at::Tensor& x = c.h != nullptr ? *c.h : *c.dout;
   const bool weight_f32 = (c.weight != nullptr && c.weight->scalar_type() == at::kFloat) ||

@@ -159,7 +159,9 @@ struct NormRow {
   int hidden;
   int num_vecs;
   int tail_col;
-  bool has_tail;  // the tail is < kVec <= 8 elements
+  // The tail (< kVec <= 8 elements, one a lane): never on the launcher's paths (norm.cuh's vectorizable
+  // takes whole vectors only; the scalar path has no tail), kept so that the kernels' code is unchanged.
+  bool has_tail;
 
   TK_DEVICE NormRow(const typename Op::Params& params, const RowGroup<kThreadsPerRow>& group, int64_t row_)
       : p(params), lane(group.lane), threads(group.threads), lanes_with_rows(group.mask), row(row_) {
@@ -273,7 +275,9 @@ struct NormRow {
         } else {
           const float n = count + s[0], delta = s[1] - mean;
           mean += delta * (s[0] / n);
-          m2 += s[2] + delta * delta * (count * s[0] / n);
+          // No cross term into an empty accumulator: delta^2 may overflow (a row of 1e20s), and inf * 0
+          // would make the row NaN where its variance is merely inf (rstd 0, as one block gives).
+          m2 += s[2] + (count > 0.f ? delta * delta * (count * s[0] / n) : 0.f);
           count = n;
         }
       }

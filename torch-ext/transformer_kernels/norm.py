@@ -8,10 +8,13 @@ float32; ``scale``/``shift``/``gate`` x's dtype, broadcastable to x (``[hidden]`
 
 Determinism: a call gives the same bits every time. A row's bits do not depend on the other rows
 of its batch, with two exceptions, both within the same float64 bounds: rows wider than 16384
-elements are split across blocks (their statistic summed per 8192-element chunk) when the batch has
-fewer than two rows per SM, so such a row's last bits can change with the batch size around that
-threshold and with the GPU's SM count; and operands that are not 16-byte aligned (pointer or row
-stride) take the element-by-element path, which sums in another order than the vectorized one
+elements on the 16-byte path are split across blocks (their statistic summed per 8192-element
+chunk) when the batch has fewer than two rows per SM, so such a row's last bits can change with the
+batch size around that threshold and with the GPU's SM count; and the 16-byte path, taken when the
+vector (8 fp16/bf16 or 4 fp32 elements) divides the width and every operand's pointer and row
+stride are 16-byte aligned, sums in another order than the element-by-element path that takes
+every other row, so a row's bits depend on its tensor's alignment (a batch of one row has no row
+stride: one row of a padded view takes the 16-byte path where more rows of it do not)
 (tests/test_reliability_determinism.py).
 
 Training: the functional forms have a backward (CUDA kernels; the row statistics are recomputed
