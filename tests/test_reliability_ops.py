@@ -83,23 +83,36 @@ def test_rerun_gives_the_same_bits(tk, name, case, seed_from_node_id):
 
 
 def check_empty(tk, name, device):
-    """No tokens (and rows of no elements) give empty outputs; except linear_gelu's rows of no
-    elements (in_features 0): [..., out_features] of gelu_tanh(bias) (0 without one), as
-    F.linear + F.gelu give."""
+    """No tokens (and rows of no elements) give empty outputs, and the gradients of parameters (and a
+    summed loss) are sums over nothing: zeros of the parameter's shape. Rows of no elements
+    (in_features / hidden 0) make a linear's output gelu_tanh(bias) (0 without one), as F.linear +
+    F.gelu give, and a cross-entropy's logits 0: log(vocabulary) per token not ignored."""
     cases = [c for c in ("empty", "empty_width") if c in oc.cases_of(name)]
+    family = oc.ENTRIES[name][0]
     for dtype in DTYPES:
         for case in cases:
             call = oc.build(name, dtype, case, device, 0)
             outs = call(tk)
-            if oc.ENTRIES[name][0] == "gemm" and case == "empty_width":
+            what = f"{name} {case} {dtype}"
+            assert outs, what
+            if family == "gemm" and case == "empty_width":
                 x, w, b = call.args[-3:]
                 ref = torch.nn.functional.gelu(torch.nn.functional.linear(x, w, b), approximate="tanh")
-                assert len(outs) == 1 and outs[0].shape == ref.shape, f"{name} {case} {dtype}"
+                assert len(outs) == 1 and outs[0].shape == ref.shape, what
                 u = UNIT_ROUNDOFF[dtype]  # gelu_tanh of one value, ours and eager's: a few roundings apart
                 torch.testing.assert_close(outs[0], ref, rtol=8 * u, atol=8 * u, equal_nan=False,
-                                           msg=f"{name} {case} {dtype}: gelu_tanh(bias) expected")
-            else:
-                assert outs and all(o.numel() == 0 for o in outs), f"{name} {case} {dtype}"
+                                           msg=f"{what}: gelu_tanh(bias) expected")
+                continue
+            rest = list(outs)
+            if family == "loss" and case == "empty_width" and call.op == "fused_linear_cross_entropy":
+                target, ignore_index, reduction = call.args[2], call.args[4], call.args[5]
+                ref = torch.where(target == ignore_index, 0.0, torch.log(torch.tensor(float(oc.LOSS_VOCAB))))
+                ref = ref.sum() if reduction == "sum" else ref
+                torch.testing.assert_close(rest.pop(0), ref.to(device), rtol=1e-6, atol=1e-6,
+                                           msg=f"{what}: log(vocabulary) per token expected")
+            assert any(o.numel() == 0 for o in outs), f"{what}: the token-shaped output is not empty"
+            for i, o in enumerate(rest):
+                assert o.numel() == 0 or bool((o == 0).all()), f"{what}: output {i} is neither empty nor zeros"
 
 
 @pytest.mark.gpu
