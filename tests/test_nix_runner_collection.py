@@ -21,7 +21,13 @@ def test_nix_source_set_collects_only_kernels_ci_tests(tmp_path, variant_dir):
         shutil.copy2(test, dest)
     shutil.copytree(ROOT / "torch-ext", src / "torch-ext", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy2(ROOT / "build.toml", src / "build.toml")
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "LOCAL_KERNELS")}
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "LOCAL_KERNELS", "TK_FAILURE_LOG")}
+    # The runner's environment has its packages (kernels, torch) but none of this repository's other
+    # folders: keep PYTHONPATH entries outside the repository (a machine whose wheels live on one).
+    outside = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+               if p and not os.path.abspath(p).startswith(str(ROOT) + os.sep) and os.path.abspath(p) != str(ROOT)]
+    if outside:
+        env["PYTHONPATH"] = os.pathsep.join(outside)
     env["LOCAL_KERNELS"] = f"{REPO_ID}={ROOT}"  # the runner points it at its build output
     done = subprocess.run([sys.executable, "-m", "pytest", str(src / "tests"), "-m", "kernels_ci", "-p", "no:cacheprovider",
                            "-q", "-rs", "--rootdir", str(src)], cwd=tmp_path, env=env, capture_output=True, text=True,
