@@ -348,8 +348,12 @@ def test_injected_unet_compiles_fullgraph(tk):
     inject(model, tk)
     eager = run_unet(model, inputs)
     torch._dynamo.reset()
-    compiled = torch.compile(model, fullgraph=True)
-    assert rel_error(run_unet(compiled, inputs), eager) < 1e-2
+    # Inductor drops the bf16 roundings between the eager ops it fuses (closer to fp64, further from
+    # eager): over the UNet's few hundred ops that alone came to 1.05e-2 on the H200 (our ops are
+    # opaque to it and run the same kernels in both). Keeping eager's casts measures the graph's wiring.
+    with torch._inductor.config.patch(emulate_precision_casts=True):
+        compiled = torch.compile(model, fullgraph=True)
+        assert rel_error(run_unet(compiled, inputs), eager) < 1e-2
 
 
 @pytest.mark.gpu
