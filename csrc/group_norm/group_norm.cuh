@@ -44,7 +44,7 @@ enum class GroupNormLayout { kChannelsFirst, kChannelsLast };
 
 // How ATen's CUDA group_norm (aten/src/ATen/native/cuda/group_norm_kernel.cu) computes an element
 // from its group's mean and rstd, with the FMAs where nvcc contracts ATen's expressions (read from
-// the sm_90 SASS of torch 2.11's and 2.14's libtorch_cuda.so):
+// the sm_90 SASS of torch 2.11's libtorch_cuda.so; 2.14's ComputeFusedParamsCUDAKernel is the same):
 //   kPlain (no weight, no bias):      (x - mean) * rstd
 //   kAffine (weight and/or bias):     a = rstd * w, b = bias - a * mean (ComputeFusedParamsCUDAKernel:
 //                                     FMUL then FADD, not contracted): fma(a, x, b)
@@ -80,8 +80,8 @@ struct GroupNormParams {
   int64_t spatial; // S; D * S < 2^31 (channels-first), S < 2^31 (channels-last)
   float eps;       // as ATen adds it: eps rounded to T, then to fp32
   // Round each group's mean and rstd to T before normalizing, as ATen's RowwiseMomentsCUDAKernel<T>
-  // of torch <= 2.11 stores them (T mean[], T rstd[]); torch 2.14 keeps them fp32 (mean_acc,
-  // rstd_acc). A no-op for float. The binding sets it from the torch version it is built against.
+  // of torch 2.11 stores them (T mean[], T rstd[]); torch 2.14 keeps them fp32 (mean_acc, rstd_acc).
+  // A no-op for float. The binding sets it from the torch version it is built against.
   bool stats_in_x_dtype = true;
   bool silu = false;
   GroupNormPlan plan;
