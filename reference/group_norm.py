@@ -35,3 +35,53 @@ def eager_group_norm(x, num_groups, weight=None, bias=None, eps=1e-5, activation
     """The eager code the op replaces: ``F.group_norm`` (then ``F.silu``), after the time-embedding add."""
     y = F.group_norm(add_time_embedding(x, bias_nc), num_groups, weight, bias, eps)
     return F.silu(y) if activation == "silu" else y
+
+
+# ATen's RowwiseMomentsCUDAKernel: one block per group, each thread a Welford loop over every
+# blockDim-th element (512 threads, or a warp for groups of fewer than 512 elements).
+_ATEN_THREADS, _ATEN_SMALL_GROUP_THREADS = 512, 32
+
+
+def ambiguous_statistics(x, num_groups, eps=1e-5, bias_nc=None) -> torch.Tensor:
+    """[N, G] mask of the groups of x whose statistics may round to either of two values of x's dtype.
+
+    ATen's CUDA kernel (torch up to 2.12) stores a group's fp32 mean and rstd in x's dtype and
+    normalizes with those, and so do the kernels. The two sum in different orders, so their fp32
+    mean (or rstd) can round to neighbouring 16-bit values where the exact value lies within fp32
+    summation error of the midpoint between them; the whole group's output then differs by about
+    one ulp of the statistic. A group is flagged when rounding the float64 statistic minus and plus
+    a bound on that error gives two values. No group is for fp32 (the statistics stay fp32)."""
+    h = add_time_embedding(x, bias_nc)
+    n = h.shape[0]
+    if h.dtype == torch.float32 or h.numel() == 0:
+        return torch.zeros(n, num_groups, dtype=torch.bool, device=h.device)
+    g = h.double().reshape(n, num_groups, -1)
+    count = g.shape[-1]
+    mean = g.mean(-1)
+    var = (g - mean[..., None]).pow(2).mean(-1)
+    eps_cast = float(torch.tensor(eps, dtype=h.dtype))
+    rstd = (var + eps_cast).rsqrt()
+    threads = _ATEN_THREADS if count >= _ATEN_THREADS else _ATEN_SMALL_GROUP_THREADS
+    per_thread = -(-count // threads)
+    # fp32 summation error, relative to the mean magnitude: a random walk over each thread's loop
+    # (sqrt of its length) and a few roundings per combining level, times 4. An fp32 emulation of
+    # ATen's Welford loop and tree (SD shapes, bf16/fp16) stays below 1/12 of this bound.
+    slack = 2.0**-24 * 4 * (per_thread**0.5 + 4)
+    tol_mean = slack * g.abs().mean(-1)
+    # var: each deviation from the running mean carries the error of |mean| + std, times std, summed;
+    # rstd's relative error is half of var + eps's, and rsqrtf adds up to 2 ulp
+    std = var.sqrt()
+    var_error = slack * 2 * std * (mean.abs() + std)
+    tol_rstd = rstd * (var_error / (2 * (var + eps_cast)) + 2.0**-24 * 4)
+
+    def straddles(v, tol):
+        return (v - tol).to(h.dtype) != (v + tol).to(h.dtype)
+
+    return straddles(mean, tol_mean) | straddles(rstd, tol_rstd)
+
+
+def group_mask(mask: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """An [N, G] mask spread over x's [N, C, *spatial] elements (each group's channels)."""
+    n, groups = mask.shape
+    c = x.shape[1]
+    return mask.reshape(n, groups, 1).expand(n, groups, c // groups).reshape(n, c, *([1] * (x.dim() - 2))).expand(x.shape)

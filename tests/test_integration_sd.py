@@ -329,11 +329,16 @@ def test_injected_unet_matches_eager_on_gpu(tk, config, memory_format):
 def test_injected_vae_matches_eager_on_gpu(tk, dtype):
     vae = small_vae(dtype, "cuda")
     image = torch.randn(2, 3, 64, 64, device="cuda", dtype=dtype)
-    expected = vae_roundtrip(vae, image)
-    inject(vae, tk)
-    # fp32: the convolutions round their inputs to TF32 (cuDNN's default), which turns our norms' last-bit
-    # differences into TF32-sized ones now and then
-    assert rel_error(vae_roundtrip(vae, image), expected) < (1e-2 if dtype != torch.float32 else 1e-3)
+    # fp32 with full-precision convolutions: cuDNN's default TF32 rounds each conv input to 10 bits,
+    # so that our norms' last-bit differences (fp32 statistics summed in another order) flip TF32
+    # roundings, which compound over the layers into ~1e-3 relative: the comparison would measure
+    # TF32, not the kernels. Without it the difference stays at the fp32 level.
+    cudnn = torch.backends.cudnn
+    with cudnn.flags(enabled=cudnn.enabled, benchmark=cudnn.benchmark, deterministic=cudnn.deterministic,
+                     allow_tf32=False):
+        expected = vae_roundtrip(vae, image)
+        inject(vae, tk)
+        assert rel_error(vae_roundtrip(vae, image), expected) < (1e-2 if dtype != torch.float32 else 1e-4)
 
 
 @pytest.mark.gpu
@@ -343,8 +348,12 @@ def test_injected_unet_compiles_fullgraph(tk):
     inject(model, tk)
     eager = run_unet(model, inputs)
     torch._dynamo.reset()
-    compiled = torch.compile(model, fullgraph=True)
-    assert rel_error(run_unet(compiled, inputs), eager) < 1e-2
+    # Inductor drops the bf16 roundings between the eager ops it fuses (closer to fp64, further from
+    # eager): over the UNet's few hundred ops that alone came to 1.05e-2 on the H200 (our ops are
+    # opaque to it and run the same kernels in both). Keeping eager's casts measures the graph's wiring.
+    with torch._inductor.config.patch(emulate_precision_casts=True):
+        compiled = torch.compile(model, fullgraph=True)
+        assert rel_error(run_unet(compiled, inputs), eager) < 1e-2
 
 
 @pytest.mark.gpu

@@ -11,6 +11,10 @@
 #include <string_view>
 #include <vector>
 
+#if __has_include(<torch/headeronly/version.h>)
+#include <torch/headeronly/version.h>
+#endif
+
 #include "common/checks.h"
 #include "common/dispatch.h"
 #include "group_norm/group_norm.cuh"
@@ -21,6 +25,17 @@ namespace {
 using OptTensor = std::optional<at::Tensor>;
 
 constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
+
+// Whether the F.group_norm of the torch this is built against rounds a group's mean and rstd to x's
+// dtype before normalizing (GroupNormParams::stats_in_x_dtype). torch 2.11's libtorch_cuda has
+// RowwiseMomentsCUDAKernel<T>(N, T eps, const T* X, T* mean, T* rstd); 2.14's also writes fp32
+// mean_acc/rstd_acc and normalizes with those (pytorch/pytorch#183946, May 2026). 2.12 and 2.13
+// are unchecked: the change is taken to be in 2.13 and later.
+#if defined(TORCH_VERSION_MAJOR) && defined(TORCH_VERSION_MINOR)
+constexpr bool kAtenStatsInXDtype = TORCH_VERSION_MAJOR < 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR <= 12);
+#else
+constexpr bool kAtenStatsInXDtype = true;  // a torch older than its headeronly/version.h
+#endif
 
 // One call's operands, validated.
 struct GroupNormCall {
@@ -41,8 +56,10 @@ bool resolve_silu(const char* op, std::string_view activation) {
   TORCH_CHECK_VALUE(false, op, ": activation must be \"none\" or \"silu\", got \"", activation, "\"");
 }
 
-// True when t is dense in its dimensions 1.. taken innermost first in `order` (sizes of 1 ignored).
+// True when t is dense in its dimensions 1.. taken innermost first in `order` (sizes of 1 ignored;
+// a tensor of no elements is dense in any order: its strides address nothing).
 bool dense_in_order(const at::Tensor& t, const std::vector<int64_t>& order) {
+  if (t.numel() == 0) return true;
   int64_t expected = 1;
   for (const int64_t d : order) {
     if (t.size(d) != 1 && t.stride(d) != expected) return false;
@@ -63,7 +80,8 @@ std::vector<int64_t> channels_last_order(int64_t dim) {
   return order;
 }
 
-// Channels-first when t is dense that way (also the choice when it is dense both ways: S == 1, C == 1).
+// Channels-first when t is dense that way (also the choice when it is dense both ways: S == 1, C == 1,
+// no elements).
 std::optional<GroupNormLayout> layout_of(const at::Tensor& t) {
   if (dense_in_order(t, channels_first_order(t.dim()))) return GroupNormLayout::kChannelsFirst;
   if (dense_in_order(t, channels_last_order(t.dim()))) return GroupNormLayout::kChannelsLast;
@@ -188,6 +206,7 @@ void run(const GroupNormCall& c, at::Tensor& out) {
   p.groups = static_cast<int>(c.groups);
   p.spatial = spatial_size(x);
   p.eps = aten_eps<T>(c.eps);
+  p.stats_in_x_dtype = kAtenStatsInXDtype;
   p.silu = c.silu;
   p.plan = group_norm_plan(p, c.layout, at::cuda::getCurrentDeviceProperties()->multiProcessorCount);
   TORCH_CHECK_VALUE(group_norm_plan_supported(p.plan), c.op, ": channels-last x with ", p.channels,

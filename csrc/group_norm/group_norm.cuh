@@ -3,7 +3,8 @@
 //
 //   h   = x                               (group_norm)
 //       | round(x + bias_nc[n, c])        (add_group_norm: ResnetBlock2D's `h + temb[:, :, None, None]`)
-//   y   = round(GroupNorm(h))             ATen's CUDA formula from fp32 statistics (group_norm_element)
+//   y   = round(GroupNorm(h))             ATen's CUDA formula (group_norm_element) from fp32 statistics,
+//                                         mean and rstd rounded to T first as ATen stores them
 //   out = y | round(silu(y))              (activation "silu": F.silu of the rounded norm)
 //
 // Layouts, both read and written in place (the output keeps x's layout):
@@ -42,9 +43,11 @@ namespace transformer_kernels {
 enum class GroupNormLayout { kChannelsFirst, kChannelsLast };
 
 // How ATen's CUDA group_norm (aten/src/ATen/native/cuda/group_norm_kernel.cu) computes an element
-// from its group's mean and rstd; the FMAs are where nvcc contracts ATen's expressions.
+// from its group's mean and rstd, with the FMAs where nvcc contracts ATen's expressions (read from
+// the sm_90 SASS of torch 2.11's libtorch_cuda.so; 2.14's ComputeFusedParamsCUDAKernel is the same):
 //   kPlain (no weight, no bias):      (x - mean) * rstd
-//   kAffine (weight and/or bias):     a = rstd * w, b = fma(-a, mean, bias): fma(a, x, b)
+//   kAffine (weight and/or bias):     a = rstd * w, b = bias - a * mean (ComputeFusedParamsCUDAKernel:
+//                                     FMUL then FADD, not contracted): fma(a, x, b)
 //   kAffine1d (S == 1, w and/or b):   fma((x - mean) * rstd, w, b), (x - mean) * rstd * w, fma(x - mean, rstd, b)
 enum class GroupNormMath { kPlain, kAffine, kAffine1d };
 
@@ -76,6 +79,10 @@ struct GroupNormParams {
   int groups;      // G, dividing C
   int64_t spatial; // S; D * S < 2^31 (channels-first), S < 2^31 (channels-last)
   float eps;       // as ATen adds it: eps rounded to T, then to fp32
+  // Round each group's mean and rstd to T before normalizing, as ATen's RowwiseMomentsCUDAKernel<T>
+  // of torch 2.11 stores them (T mean[], T rstd[]); torch 2.14 keeps them fp32 (mean_acc, rstd_acc).
+  // A no-op for float. The binding sets it from the torch version it is built against.
+  bool stats_in_x_dtype = true;
   bool silu = false;
   GroupNormPlan plan;
   // Workspace of group_norm_workspace_floats(plan, N, G) floats, or none when that is 0:
@@ -158,6 +165,22 @@ TK_DEVICE float* finalized_stats(const GroupNormParams<T>& p) {
 // rstd as ATen computes it from Welford's (n, M2): the biased variance M2 / n, then rsqrt(var + eps).
 TK_DEVICE float rstd_of(const Moments& m, float eps) { return rsqrtf(__fdiv_rn(m.m2, m.count) + eps); }
 
+struct GroupStats {
+  float mean, rstd;
+};
+
+// The (mean, rstd) a group is normalized with: from its moments, rounded to T where ATen stores them in T.
+template <typename T>
+TK_DEVICE GroupStats group_stats(const GroupNormParams<T>& p, const Moments& m) {
+  const float rstd = rstd_of(m, p.eps);
+  if constexpr (std::is_same_v<T, float>) {
+    return {m.mean, rstd};
+  } else {
+    if (!p.stats_in_x_dtype) return {m.mean, rstd};
+    return {round_through<T>(m.mean), round_through<T>(rstd)};
+  }
+}
+
 // Per-channel coefficients of group_norm_element: (w, b) as given for kAffine1d, (a, b) for kAffine.
 struct ChannelCoeffs {
   float a, b;
@@ -167,7 +190,7 @@ TK_DEVICE ChannelCoeffs channel_coeffs(GroupNormMath math, float mean, float rst
                                        float b) {
   if (math == GroupNormMath::kAffine) {
     const float a = has_w ? __fmul_rn(rstd, w) : rstd;
-    return {a, __fmaf_rn(-a, mean, has_b ? b : 0.f)};
+    return {a, __fsub_rn(has_b ? b : 0.f, __fmul_rn(mean, a))};
   }
   return {w, b};
 }
@@ -287,8 +310,9 @@ TK_DEVICE void cf_body(const GroupNormParams<T>& p) {
       }
       return;
     }
-    mean = chunk_mean;
-    rstd = rstd_of(Moments{static_cast<float>(len), chunk_mean, m2}, p.eps);
+    const GroupStats s = group_stats(p, Moments{static_cast<float>(len), chunk_mean, m2});
+    mean = s.mean;
+    rstd = s.rstd;
   }
 
   const GroupNormMath math = math_of(p);
@@ -334,17 +358,18 @@ TK_DEVICE void cf_body(const GroupNormParams<T>& p) {
       mean = s[0];
       rstd = s[1];
     } else {
-      __shared__ float group_stats[kGroupStatFloats];
+      __shared__ float shared_stats[kGroupStatFloats];
       if (t < kWarpSize) {
         const Moments m = warp_combine(p.workspace + ng * parts * kMomentFloats, parts);
         if (t == 0) {
-          group_stats[0] = m.mean;
-          group_stats[1] = rstd_of(m, p.eps);
+          const GroupStats s = group_stats(p, m);
+          shared_stats[0] = s.mean;
+          shared_stats[1] = s.rstd;
         }
       }
       __syncthreads();
-      mean = group_stats[0];
-      rstd = group_stats[1];
+      mean = shared_stats[0];
+      rstd = shared_stats[1];
     }
     for (int base = t; base < num_vecs; base += threads * kUnroll) {
       if (base != t) load_batch(base);
@@ -513,9 +538,10 @@ TK_DEVICE void finalize_body(const GroupNormParams<T>& p) {
   if (ng >= p.batch * p.groups) return;  // whole warps leave together
   const Moments m = warp_combine(p.workspace + ng * p.plan.parts * kMomentFloats, p.plan.parts);
   if (threadIdx.x % kWarpSize == 0) {
+    const GroupStats stats = group_stats(p, m);
     float* s = finalized_stats(p) + ng * kGroupStatFloats;
-    s[0] = m.mean;
-    s[1] = rstd_of(m, p.eps);
+    s[0] = stats.mean;
+    s[1] = stats.rstd;
   }
 }
 
@@ -528,7 +554,7 @@ TK_DEVICE void cl_normalize_body(const GroupNormParams<T>& p) {
   const int C = p.channels;
   const T* x = p.x + w.n * p.x_batch_stride + w.col;
   T* out = p.out + w.n * p.out_batch_stride + w.col;
-  const float* group_stats = finalized_stats(p) + w.n * p.groups * kGroupStatFloats;
+  const float* sample_stats = finalized_stats(p) + w.n * p.groups * kGroupStatFloats;
   // kPlain or kAffine (S == 1 is channels-first): per channel (mean, rstd) or (a, b).
   const bool affine = math_of(p) == GroupNormMath::kAffine;
   const bool has_w = p.weight != nullptr, has_b = p.bias != nullptr;
@@ -551,7 +577,7 @@ TK_DEVICE void cl_normalize_body(const GroupNormParams<T>& p) {
 #pragma unroll
   for (int i = 0; i < kVec; ++i) {
     const int c = w.col + i;
-    const float* s = group_stats + p.group_div.div(static_cast<uint32_t>(c)) * kGroupStatFloats;
+    const float* s = sample_stats + p.group_div.div(static_cast<uint32_t>(c)) * kGroupStatFloats;
     coeffs[i] = affine ? channel_coeffs(GroupNormMath::kAffine, s[0], s[1], has_w, has_w ? to_float(p.weight[c]) : 1.f,
                                         has_b, has_b ? to_float(p.bias[c]) : 0.f)
                        : ChannelCoeffs{s[0], s[1]};
