@@ -10,7 +10,7 @@ autograd registration traced on meta tensors, and the refusals."""
 import pytest
 import torch
 
-from helpers import DTYPES, UNIT_ROUNDOFF, assert_all_written, assert_rejects, random_input, with_poisoned_outputs
+from helpers import DTYPES, SUBNORMAL_ROUNDOFF, UNIT_ROUNDOFF, assert_all_written, assert_rejects, random_input, with_poisoned_outputs
 from reference.norm_backward import (
     gated_add_backward_float64,
     gated_add_norm_modulate_float64,
@@ -36,7 +36,7 @@ def grad_bound(out: torch.Tensor, ref: torch.Tensor, sums: int = 1, terms=None) 
     can cancel to much less than max|ref|: fp32's errors scale with them, not with the result."""
     scale = ref.abs().max().item() if ref.numel() else 0.0
     scale = scale if terms is None else terms.clamp(min=scale)
-    return UNIT_ROUNDOFF[out.dtype] * ref.abs() + (256 + sums) * 2.0**-24 * scale + 1e-30
+    return UNIT_ROUNDOFF[out.dtype] * ref.abs() + (256 + sums) * 2.0**-24 * scale + SUBNORMAL_ROUNDOFF[out.dtype]
 
 
 def assert_grad(out, ref, what: str, dtype=None, sums: int = 1, terms=None):
