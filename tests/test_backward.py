@@ -139,10 +139,13 @@ def test_activation_backward_hostile_layouts(tk):
         for fn in (lambda t: tk.silu(t), lambda t: tk.silu_and_mul(t), lambda t: tk.geglu(t, "tanh"),
                    lambda t: tk.act_mul(*t.chunk(2, dim=-1), "gelu")):
             out = fn(x)
-            g_full = random_input(out.shape, torch.bfloat16)
-            for g in (g_full, g_full.transpose(0, 1).contiguous().transpose(0, 1), torch.ones(()).expand(out.shape)):
-                (dx,) = torch.autograd.grad(fn(x), x, g.to(out.dtype))
-                (dx_ref,) = torch.autograd.grad(fn(x_ref), x_ref, g.contiguous().to(out.dtype))
+            g_full = random_input(out.shape, out.dtype)
+            grads = (g_full, g_full.transpose(0, 1).contiguous().transpose(0, 1),  # leading dims permuted
+                     torch.ones((), device="cuda", dtype=out.dtype).expand(out.shape),  # a sum's: stride 0
+                     random_input((*out.shape[:-1], 2 * out.shape[-1]), out.dtype)[..., ::2])  # last dim strided
+            for g in grads:
+                (dx,) = torch.autograd.grad(fn(x), x, g)
+                (dx_ref,) = torch.autograd.grad(fn(x_ref), x_ref, g.contiguous())
                 assert torch.equal(dx, dx_ref), name
 
 
