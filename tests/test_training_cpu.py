@@ -182,6 +182,33 @@ def test_flce_backward_twice_is_refused(tk):
         loss.backward()
 
 
+class KeepFlceGradients(torch.utils._python_dispatch.TorchDispatchMode):
+    """Keeps references to the gradient outputs of the fused_linear_cross_entropy op (hidden's,
+    weight's), as anything holding the op's outputs would."""
+
+    grads: list = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func._opname == "fused_linear_cross_entropy":
+            self.grads = list(out[1:3])
+        return out
+
+
+def test_flce_gradients_reach_the_leaves_without_a_copy(tk):
+    """The forward's gradient buffers become the leaves' .grad (AccumulateGrad steals them): handed
+    over detached, they are not copied even while the op's outputs are referenced elsewhere (a kept
+    reference made AccumulateGrad copy the [V, H] gradient: twice its memory at the peak)."""
+    torch.manual_seed(0)
+    hidden = torch.randn(300, 64).to(torch.bfloat16).requires_grad_()
+    weight = torch.randn(5000, 64).to(torch.bfloat16).requires_grad_()
+    target = torch.randint(0, 5000, (300,))
+    with KeepFlceGradients() as kept:
+        loss = tk.fused_linear_cross_entropy(hidden, weight, target)
+    loss.backward()
+    assert [g.data_ptr() for g in kept.grads] == [hidden.grad.data_ptr(), weight.grad.data_ptr()]
+
+
 def test_flce_invalid_target_gives_nan(tk):
     hidden, weight, target, _ = flce_inputs(6, 8, 30, ignore_share=0.0)
     target[2] = 30
