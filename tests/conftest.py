@@ -9,6 +9,7 @@ benchmarks/) are not collected; the ``kernels_ci`` tests import only the kernel 
 
 import os
 import random
+import sys
 import tomllib
 import warnings
 import zlib
@@ -144,6 +145,20 @@ def poison_outputs(request):
     if grown:
         warnings.warn(f"{request.node.nodeid} allocated {grown} segment(s) past the NaN poison: outputs placed "
                       "there were not poisoned", stacklevel=1)
+
+
+@pytest.fixture(autouse=True)
+def restore_process_wide_swaps():
+    """inject() replaces functions of transformers' modeling modules for the whole process
+    (apply_rotary_pos_emb) until the last injected model is uninjected: a test that leaves a model
+    injected (most GPU tests do) would hand that swap, and its kernel, to every later test of the
+    process (the H200 run's CPU training tests got the CUDA kernel's RoPE that way, and a later
+    "eager" model would run ours). Undone after each test; imports nothing (the integration package
+    only where a test loaded it)."""
+    yield
+    patching = sys.modules.get("transformer_kernels_integrations.patching")
+    if patching is not None:
+        patching.restore_global_swaps()
 
 
 def pytest_runtest_logreport(report):

@@ -79,6 +79,32 @@ class CountingKernels:
         return counted
 
 
+class CudaOnlyKernels:
+    """The kernel module (or a stand-in) refusing CPU tensors as the CUDA build does (``<function>:
+    ... must be a CUDA tensor``): where a patched forward calls a kernel function with tensors off
+    the GPU, a CPU test fails as the GPU machine does."""
+
+    def __init__(self, tk):
+        self._tk = tk
+        self.layers = types.SimpleNamespace(**{
+            name: types.SimpleNamespace(forward=self._cuda_only(f"layers.{name}", getattr(tk.layers, name).forward))
+            for name in dir(tk.layers) if not name.startswith("_") and isinstance(getattr(tk.layers, name), type)})
+
+    @staticmethod
+    def _cuda_only(name, fn):
+        def call(*args, **kwargs):
+            for arg in (*args, *kwargs.values()):
+                if isinstance(arg, torch.Tensor) and not arg.is_cuda:
+                    raise ValueError(f"{name}: tensors must be CUDA tensors, got a tensor on {arg.device}")
+            return fn(*args, **kwargs)
+
+        return call
+
+    def __getattr__(self, name):
+        attr = getattr(self._tk, name)
+        return attr if not callable(attr) or isinstance(attr, type) else self._cuda_only(name, attr)
+
+
 class _MergedGemms(TorchFunctionMode):
     def __init__(self, kernels, models):
         super().__init__()

@@ -88,7 +88,8 @@ def test_report(name, merge):
     fallback_kind = ("merged_qkv_rope" if merge else "rope") if name == "llama" else (
         "merged_qkv_qk_norm_rope" if merge else "qk_norm_rope")
     merged_mlp = {"merged_gate_up_mlp"} if merge else set()
-    assert set(report.fallbacks) == {fallback_kind} | merged_mlp and "transformers'" in report.fallbacks[fallback_kind]
+    assert set(report.fallbacks) == set(report.replaced), report  # every patched forward falls back off the GPU
+    assert "transformers'" in report.fallbacks[fallback_kind]
     assert "can fall back: " + fallback_kind in str(report)
     assert all("gradients" in report.fallbacks[kind] for kind in {fallback_kind} | merged_mlp if kind.startswith("merged"))
 
@@ -267,8 +268,10 @@ def test_top_level_inject_dispatches_to_the_transformers_rules(tk):
 
 
 def test_fallback_is_logged_once_and_counted(caplog):
-    """Llama's RoPE on CPU tensors runs transformers' function (KERNEL_DEVICES is the GPU's): one
-    warning however many calls, and the report counts them."""
+    """On CPU tensors (KERNEL_DEVICES is the GPU's) every patched forward runs transformers' code
+    and no kernel function is called: Llama's RoPE gives one warning however many calls, and the
+    report counts each kind (the decoder layers', whose own forward still calls the patched
+    attention, MLP and input norms, which fall back in turn)."""
     model = small_model("llama")
     ids = torch.randint(0, 101, (2, 7), generator=torch.Generator().manual_seed(1))
     expected = model(ids).logits
@@ -279,14 +282,15 @@ def test_fallback_is_logged_once_and_counted(caplog):
         model(ids)
     warnings = [r for r in caplog.records if "rope runs the library's own code" in r.getMessage()]
     assert len(warnings) == 1 and "tensors on cpu" in warnings[0].getMessage()
-    assert report.fallbacks_taken == {"rope": 4} and "apply_rotary_pos_emb" not in kernels.calls
+    assert report.fallbacks_taken == {"decoder_layer": 4, "rms_norm": 6, "rope": 4, "mlp": 4} and not kernels.calls
     assert "fell back 4x: rope" in str(report)
 
 
 def test_merged_fallbacks_are_logged_once_and_counted(caplog):
-    """The merged Llama: on CPU tensors the merged attention runs transformers' forward (whose RoPE
-    falls back too) and the merged MLP the separate projections; on the kernel device with
-    gradients wanted both take the separate projections. One warning per kind and reason."""
+    """The merged Llama: on CPU tensors the decoder layers, norms, merged attention (whose RoPE
+    falls back too) and merged MLP run transformers' code and no kernel function is called; on the
+    kernel device with gradients wanted the merged kinds take the separate projections. One warning
+    per kind and reason."""
     model = small_model("llama")
     ids = torch.randint(0, 101, (2, 7), generator=torch.Generator().manual_seed(1))
     expected = model(ids).logits
@@ -297,11 +301,14 @@ def test_merged_fallbacks_are_logged_once_and_counted(caplog):
         model(ids)
     messages = [r.getMessage() for r in caplog.records]
     assert sorted(messages) == sorted([
+        "transformer-kernels: decoder_layer runs the library's own code: tensors on cpu",
+        "transformer-kernels: rms_norm runs the library's own code: tensors on cpu",
         "transformer-kernels: merged_qkv_rope runs the library's own code: tensors on cpu",
         "transformer-kernels: rope runs the library's own code: tensors on cpu",
-        "transformer-kernels: merged_gate_up_mlp runs the separate projections: tensors on cpu"]), messages
-    assert report.fallbacks_taken == {"merged_qkv_rope": 4, "rope": 4, "merged_gate_up_mlp": 4}
-    assert "silu_and_mul" not in kernels.calls
+        "transformer-kernels: merged_gate_up_mlp runs the library's own code: tensors on cpu"]), messages
+    assert report.fallbacks_taken == {"decoder_layer": 4, "rms_norm": 6, "merged_qkv_rope": 4, "rope": 4,
+                                      "merged_gate_up_mlp": 4}
+    assert not kernels.calls
 
     caplog.clear()
     with pytest.MonkeyPatch.context() as mp, caplog.at_level(logging.WARNING, logger="transformer_kernels_integrations"):
@@ -309,17 +316,17 @@ def test_merged_fallbacks_are_logged_once_and_counted(caplog):
         torch.testing.assert_close(model(ids).logits, expected, rtol=0, atol=0)
     messages = [r.getMessage() for r in caplog.records]
     assert len(messages) == 2 and all("runs the separate projections: gradients are wanted" in m for m in messages)
-    assert report.fallbacks_taken == {"merged_qkv_rope": 6, "rope": 4, "merged_gate_up_mlp": 6}
+    assert report.fallbacks_taken == {"decoder_layer": 4, "rms_norm": 6, "merged_qkv_rope": 6, "rope": 4,
+                                      "merged_gate_up_mlp": 6}
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 @pytest.mark.parametrize("merge", [True, False], ids=["merged", "unmerged"])
 def test_strict_makes_a_fallback_raise(name, merge):
+    """CPU tensors: the first patched forward they reach (the decoder layer's) raises under strict."""
     model = small_model(name)
     inject(model, EAGER_TK, strict=True, merge_projections=merge)
-    kind = "rope" if name == "llama" else "qk_norm_rope"
-    kind = f"merged_qkv_{kind}" if merge else kind
-    with pytest.raises(KernelFallbackError, match=f"{kind} runs the library's own code: tensors on cpu"):
+    with pytest.raises(KernelFallbackError, match="decoder_layer runs the library's own code: tensors on cpu"):
         model(torch.randint(0, 101, (1, 4)))
 
 
@@ -384,10 +391,11 @@ def test_qwen3_fused_attention_keeps_transformers_code_for_cpu_tensors(merge):
     kernels = CountingKernels(EAGER_TK)
     report = inject(model, kernels, merge_projections=merge)
     torch.testing.assert_close(model(ids).logits, expected, rtol=0, atol=0)
-    if not merge:
-        assert "hf_qk_norm_rope" not in kernels.calls and report.fallbacks_taken == {"qk_norm_rope": 2}
-    else:  # the merged attention and MLP fall back too (tensors on cpu), once per layer each
-        assert report.fallbacks_taken == {"merged_qkv_qk_norm_rope": 2, "merged_gate_up_mlp": 2}, report
+    # every patched forward falls back (tensors on cpu): the decoder layers, whose own forward calls
+    # the patched attention, MLP and input norms, which fall back in turn, and the final norm
+    attention, mlp = ("merged_qkv_qk_norm_rope", "merged_gate_up_mlp") if merge else ("qk_norm_rope", "mlp")
+    assert report.fallbacks_taken == {"decoder_layer": 2, "rms_norm": 3, attention: 2, mlp: 2}, report
+    assert not kernels.calls
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, expected, rtol=0, atol=0)
     assert "hf_qk_norm_rope" not in kernels.calls and "silu_and_mul" not in kernels.calls

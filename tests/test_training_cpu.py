@@ -182,6 +182,33 @@ def test_flce_backward_twice_is_refused(tk):
         loss.backward()
 
 
+class KeepFlceGradients(torch.utils._python_dispatch.TorchDispatchMode):
+    """Keeps references to the gradient outputs of the fused_linear_cross_entropy op (hidden's,
+    weight's), as anything holding the op's outputs would."""
+
+    grads: list = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func._opname == "fused_linear_cross_entropy":
+            self.grads = list(out[1:3])
+        return out
+
+
+def test_flce_gradients_reach_the_leaves_without_a_copy(tk):
+    """The forward's gradient buffers become the leaves' .grad (AccumulateGrad steals them): handed
+    over detached, they are not copied even while the op's outputs are referenced elsewhere (a kept
+    reference made AccumulateGrad copy the [V, H] gradient: twice its memory at the peak)."""
+    torch.manual_seed(0)
+    hidden = torch.randn(300, 64).to(torch.bfloat16).requires_grad_()
+    weight = torch.randn(5000, 64).to(torch.bfloat16).requires_grad_()
+    target = torch.randint(0, 5000, (300,))
+    with KeepFlceGradients() as kept:
+        loss = tk.fused_linear_cross_entropy(hidden, weight, target)
+    loss.backward()
+    assert [g.data_ptr() for g in kept.grads] == [hidden.grad.data_ptr(), weight.grad.data_ptr()]
+
+
 def test_flce_invalid_target_gives_nan(tk):
     hidden, weight, target, _ = flce_inputs(6, 8, 30, ignore_share=0.0)
     target[2] = 30
@@ -402,3 +429,87 @@ def test_training_step_compiles_fullgraph_on_meta(tk, case):
     loss = compiled(*inputs)
     grads = torch.autograd.grad(loss, inputs)
     assert all(g.shape == t.shape for g, t in zip(grads, inputs))
+
+
+# ---- the autograd glue: incoming gradients reach the backward ops in a layout the kernels read ----
+
+def _grad_rows(tk):
+    import importlib
+
+    return importlib.import_module(f"{tk.__name__}._autograd").grad_rows
+
+
+def test_grad_rows_materializes_only_what_the_kernels_refuse(tk):
+    """grad_rows (the one place every backward takes its incoming gradients through): an expanded
+    gradient (a sum's backward: stride 0, empty ones too, whose .contiguous() is a no-op) or one
+    with a strided last dimension becomes a row-major copy of the same values; a gradient whose
+    rows are already unit-stride, however its leading dims are strided, is passed on as it is."""
+    grad_rows = _grad_rows(tk)
+    base = torch.randn(6, 5, 16)
+    for g in (torch.ones(()).expand(3, 5, 64), torch.ones(()).expand(0, 64), torch.ones(()).expand(2, 0, 8),
+              base[..., ::2], base.transpose(1, 2)):
+        out = grad_rows(g)
+        assert out.stride(-1) == 1 and out.is_contiguous() and torch.equal(out, g), (g.shape, g.stride())
+    for g in (base, base[:, 1:4], base.transpose(0, 1), base[::2], torch.ones(()).expand(4, 1),
+              torch.ones(()).expand(4, 0), torch.ones(()), None):
+        assert grad_rows(g) is g  # no silent copy of a readable layout
+
+
+class _BackwardGradLayouts(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records every backward op of the kernel's namespace and the layouts of its incoming gradients
+    (the schema's arguments named grad*)."""
+
+    def __init__(self, namespace):
+        super().__init__()
+        self.namespace, self.calls = namespace, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == self.namespace and func._opname.endswith("_backward"):
+            for arg, value in zip(func._schema.arguments, args):
+                if arg.name.startswith("grad") and isinstance(value, torch.Tensor):
+                    self.calls.append((func._opname, arg.name, tuple(value.shape), value.stride()))
+        return func(*args, **(kwargs or {}))
+
+
+def _sum_backward_cases(tk):
+    """name -> (inputs requiring grad, the call): every op family with a backward, including empty
+    and one-row shapes."""
+    cases = dict(_meta_cases(tk))
+    x, w, b = _leaf(2, 9, 256), _leaf(256), _leaf(256)
+    r, y, s = _leaf(2, 9, 256), _leaf(2, 9, 256), _leaf(2, 1, 256)
+    q, k = _leaf(2, 9, 4, 128), _leaf(2, 9, 2, 128)
+    qw, cos = _leaf(128), torch.empty(2, 9, 128, **META)
+    no_rows, no_cols = _leaf(0, 64), _leaf(2, 0, 8)
+    cases.update({
+        "gelu_no_rows": ((no_rows,), lambda e: tk.gelu(e)),
+        "gelu_no_cols": ((no_cols,), lambda e: tk.gelu(e)),
+        "silu_and_mul_no_rows": ((no_rows,), lambda e: tk.silu_and_mul(e)),
+        "rms_norm": ((x, w), lambda x, w: tk.rms_norm(x, w)),
+        "fused_add_rms_norm": ((x, r, w), lambda x, r, w: tk.fused_add_rms_norm(x, r, w)),
+        "layer_norm": ((x, w, b), lambda x, w, b: tk.layer_norm(x, w, b)),
+        "norm_modulate": ((x, s), lambda x, s: tk.norm_modulate(x, s, s, norm="layer")),
+        "gated_add_norm_modulate": ((x, y, s), lambda x, y, s: tk.gated_add_norm_modulate(x, y, s, s, s)),
+        "gated_add": ((x, y, s), lambda x, y, s: tk.gated_add(x, y, s)),
+        "hf_qk_norm_rope": ((q, k, qw), lambda q, k, qw: tk.hf_qk_norm_rope(q, k, qw, qw, 1e-6, cos, cos)),
+    })
+    return cases
+
+
+def test_sum_backward_reaches_every_backward_op_row_major(tk):
+    """A user's out.sum().backward() hands each op an expanded gradient (stride 0 everywhere; the
+    H200 run's activation_backward refused it for empty inputs): every backward op of every family
+    must receive gradients whose last dimension is unit-stride (or of size <= 1), as their C++ check
+    (check_last_dim_contiguous) demands."""
+    namespace = tk.add_op_namespace_prefix("x").split("::")[0]
+    for name, (inputs, fn) in _sum_backward_cases(tk).items():
+        out = fn(*inputs)
+        outs = out if isinstance(out, tuple) else (out,)
+        loss = sum(o.sum() for o in outs)
+        mode = _BackwardGradLayouts(namespace)
+        with mode:
+            grads = torch.autograd.grad(loss, inputs, allow_unused=True)
+        assert mode.calls, f"{name}: no backward op ran"
+        for op, arg, shape, stride in mode.calls:
+            assert len(shape) == 0 or shape[-1] <= 1 or stride[-1] == 1, f"{name}: {op} got {arg} {shape} strides {stride}"
+        for g, t in zip(grads, inputs):
+            assert g is None or g.shape == t.shape, name

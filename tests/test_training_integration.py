@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from helpers import EAGER_LAYERS, randomize_norm_weights
+from integration_helpers import CudaOnlyKernels
 from reference.activations import eager_act_mul
 from reference.rope import hf_apply_rotary_pos_emb
 
@@ -20,14 +21,6 @@ from transformer_kernels_integrations import transformers_models  # noqa: E402
 
 LLAMA = dict(hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, vocab_size=101)
-
-
-@pytest.fixture(autouse=True)
-def restore_rotary_functions(monkeypatch):
-    """inject() swaps the modeling module's apply_rotary_pos_emb: undone after each test."""
-    from transformers.models.llama import modeling_llama
-
-    monkeypatch.setattr(modeling_llama, "apply_rotary_pos_emb", modeling_llama.apply_rotary_pos_emb)
 
 
 def stand_in(tk, has_backward=None):
@@ -99,6 +92,47 @@ def test_training_wiring_loss_and_gradients_match_eager_on_cpu(tk, monkeypatch, 
     ours.eval()
     with torch.no_grad():
         torch.testing.assert_close(ours(ids, labels=labels).logits, eager.eval()(ids, labels=labels).logits)
+
+
+def test_a_cpu_model_runs_transformers_code_in_every_patched_forward(tk):
+    """KERNEL_DEVICES is the GPU's: a CPU model injected with a kernel that refuses CPU tensors (as
+    the CUDA build does) trains exactly as eager, merged projections or not: every patched forward
+    (decoder layers, norms, attention and its rotation, MLP, the loss) runs transformers' code,
+    counted, and none calls the kernel."""
+    ids, labels = batch()
+    for merge in (True, False):
+        eager = small_llama()
+        ours = copy.deepcopy(eager)
+        eager(ids, labels=labels).loss.backward()
+        report = transformers_models.inject(ours, CudaOnlyKernels(stand_in(tk)), merge_projections=merge)
+        out = ours(ids, labels=labels)
+        torch.testing.assert_close(out.loss, eager(ids, labels=labels).loss, rtol=0, atol=0)
+        out.loss.backward()
+        for name, g in grads(eager).items():
+            torch.testing.assert_close(grads(ours)[name], g, rtol=0, atol=0, msg=name)
+        assert set(report.replaced) <= set(report.fallbacks_taken), report  # (merged: and the swapped rope)
+
+
+def test_a_later_injection_is_not_served_by_an_earlier_one_s_kernel(tk, monkeypatch):
+    """The H200 run's failure of this file's CPU tests: a GPU test had left a Llama injected with
+    the CUDA build, whose process-wide apply_rotary_pos_emb swap then ran for the models these tests
+    inject with the CPU stand-ins (KERNEL_DEVICES widened): the CUDA kernel, on CPU tensors. The swap
+    runs the latest injection's replacement, not the first's."""
+    left_injected = small_llama()
+    transformers_models.inject(left_injected, CudaOnlyKernels(stand_in(tk)))  # never uninjected
+    eager = small_llama()
+    ours = copy.deepcopy(eager)
+    ids, labels = batch()
+    expected = eager(ids, labels=labels).loss  # the swap falls back for CPU tensors: transformers' RoPE
+    monkeypatch.setattr(transformers_models, "KERNEL_DEVICES", ("cpu",))
+    transformers_models.inject(ours, stand_in(tk))
+    torch.testing.assert_close(ours(ids, labels=labels).loss, expected, rtol=1e-6, atol=1e-6)
+    transformers_models.uninject(ours)  # the earlier injection's replacement runs again
+    from transformers.models.llama import modeling_llama
+
+    q, cos = torch.randn(1, 4, 3, 16), torch.randn(1, 3, 16)
+    with pytest.raises(ValueError, match="apply_rotary_pos_emb: tensors must be CUDA tensors"):
+        modeling_llama.apply_rotary_pos_emb(q, q, cos, cos)
 
 
 def test_training_steps_track_eager_on_cpu(tk, monkeypatch):

@@ -21,15 +21,21 @@ def smoothed(curve, window=WINDOW):
     return t.unfold(0, window, window).mean(-1)
 
 
+# The integer type of each float dtype's width: adding 1 to its bits moves a value by one ulp.
+SAME_WIDTH_INT = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}
+
+
 def perturbed(model, share=0.1, seed=7):
-    """A copy with one bf16 ulp added to a random `share` of every parameter's elements: the bf16
-    noise floor (how far a run drifts from eager from one rounding's difference)."""
+    """A copy with one ulp (of the parameter's own dtype) added to a random `share` of every
+    parameter's elements: the noise floor (how far a run drifts from eager from one rounding's
+    difference). peft's LoRA adapters are fp32 on a bf16 model: viewed as int16 they would have
+    twice the elements the mask has."""
     twin = copy.deepcopy(model)
-    g = torch.Generator(device="cuda").manual_seed(seed)
+    g = torch.Generator(device=next(twin.parameters()).device).manual_seed(seed)
     with torch.no_grad():
         for p in twin.parameters():
             mask = torch.rand(p.shape, device=p.device, generator=g) < share
-            bits = p.data.view(torch.int16)
+            bits = p.data.view(SAME_WIDTH_INT[p.dtype])
             bits[mask] += 1
     return twin
 

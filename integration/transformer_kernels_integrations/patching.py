@@ -37,6 +37,7 @@ not raise. Patches ask ``Injection.ours(op)`` where they can run an op or the mo
 from __future__ import annotations
 
 import logging
+import sys
 import types
 from dataclasses import dataclass, field, replace
 from types import ModuleType
@@ -130,17 +131,49 @@ def switches_of(rules: Iterable[Rule]) -> tuple[str, ...]:
 
 # ---- process-wide swaps (a modeling module's function), shared by the models that need them ----
 
-# (module name, attribute) -> [original, replacement, number of injected models using it]
-_GLOBAL_SWAPS: dict[tuple[str, str], list] = {}
+class _GlobalSwap:
+    """A modeling module's function, replaced for the whole process by ``function``, which runs the
+    replacement of the most recent injection still in place: each injected model's replacement
+    closes over its own ``Injection`` (kernel module, strictness, report), so a model injected
+    later with another kernel module (or ``strict``) is not served by an earlier one's."""
+
+    def __init__(self, original: Callable):
+        self.original = original
+        self.replacements: list[Callable] = []  # one per injected model using it, in injection order
+        replacements = self.replacements
+
+        def function(*args, **kwargs):
+            return replacements[-1](*args, **kwargs)
+
+        function.__name__ = function.__qualname__ = getattr(original, "__name__", "function")
+        function.__doc__ = getattr(original, "__doc__", None)
+        self.function = function
 
 
-def _release_global(key: tuple[str, str], entry: list, module: ModuleType) -> None:
-    if _GLOBAL_SWAPS.get(key) is not entry:  # superseded (see swap_global): nothing of ours to undo
+# (module name, attribute) -> its swap
+_GLOBAL_SWAPS: dict[tuple[str, str], _GlobalSwap] = {}
+
+
+def _release_global(key: tuple[str, str], swap: _GlobalSwap, replacement: Callable, module: ModuleType) -> None:
+    if _GLOBAL_SWAPS.get(key) is not swap:  # superseded (see swap_global): nothing of ours to undo
         return
-    entry[2] -= 1
-    if entry[2] == 0:  # the last injected model that needed it is gone: transformers' own again
-        setattr(module, key[1], entry[0])
+    swap.replacements[:] = [r for r in swap.replacements if r is not replacement]
+    if not swap.replacements:  # the last injected model that needed it is gone: transformers' own again
+        setattr(module, key[1], swap.original)
         del _GLOBAL_SWAPS[key]
+
+
+def restore_global_swaps() -> int:
+    """Puts every process-wide swap's original function back and forgets the swaps; returns how
+    many. For tests (a test that leaves a model injected would otherwise hand its swap to every
+    later one in the process) and for a process that drops injected models without ``uninject``."""
+    for (module_name, name), swap in _GLOBAL_SWAPS.items():
+        module = sys.modules.get(module_name)
+        if module is not None and getattr(module, name, None) is swap.function:
+            setattr(module, name, swap.original)
+    count = len(_GLOBAL_SWAPS)
+    _GLOBAL_SWAPS.clear()
+    return count
 
 
 class Injection:
@@ -188,19 +221,19 @@ class Injection:
         return merged
 
     def swap_global(self, module: ModuleType, name: str, make: Callable[[Callable], Callable]) -> None:
-        """Replaces ``module.<name>`` by ``make(original)`` for every caller in the process. Models
-        injected later share the first one's replacement; the original returns when the last of
-        them is uninjected."""
+        """Replaces ``module.<name>`` for every caller in the process by one function that runs
+        ``make(original)`` of the most recent injection still in place (this one's, until a later
+        model is injected); the original returns when the last of them is uninjected."""
         key = (module.__name__, name)
-        if key in _GLOBAL_SWAPS and getattr(module, name) is not _GLOBAL_SWAPS[key][1]:
+        if key in _GLOBAL_SWAPS and getattr(module, name) is not _GLOBAL_SWAPS[key].function:
             del _GLOBAL_SWAPS[key]  # replaced behind our back (another patcher, a test): start over
         if key not in _GLOBAL_SWAPS:
-            original = getattr(module, name)
-            _GLOBAL_SWAPS[key] = [original, make(original), 0]
-            setattr(module, name, _GLOBAL_SWAPS[key][1])
-        entry = _GLOBAL_SWAPS[key]
-        entry[2] += 1
-        self.undo.append(lambda: _release_global(key, entry, module))
+            _GLOBAL_SWAPS[key] = _GlobalSwap(getattr(module, name))
+            setattr(module, name, _GLOBAL_SWAPS[key].function)
+        swap = _GLOBAL_SWAPS[key]
+        replacement = make(swap.original)
+        swap.replacements.append(replacement)
+        self.undo.append(lambda: _release_global(key, swap, replacement, module))
 
     def _set_attr(self, obj: Any, attr: str, value: Any) -> None:
         had, old = attr in vars(obj), vars(obj).get(attr)

@@ -27,8 +27,12 @@ all on by default):
   alone):
   the modeling module's ``apply_rotary_pos_emb`` becomes ours (q and k in one launch). The
   attention forward looks that function up by global name, so the swap applies to every model of
-  that modeling module in the process (as Liger's patching does) until the last injected model is
-  uninjected; CPU tensors still take transformers' function (a logged fallback, kind ``rope``).
+  that modeling module in the process (as Liger's patching does), running the kernel of the most
+  recently injected model still injected, until the last is uninjected; CPU tensors still take
+  transformers' function (a logged fallback, kind ``rope``).
+
+Every patched forward checks the device: tensors off the GPU (``KERNEL_DEVICES``) run transformers'
+own code (a logged fallback of that rule's kind), so a model on the CPU never reaches a kernel.
 
 Merged projections (``merge_projections=True``, the default) keep one weight per merge: the
 original parameters become views of it (no memory growth; ``state_dict`` keys unchanged); they are
@@ -62,8 +66,8 @@ import torch
 
 from . import merging
 from .loading import REPO_ID, REVISION, load_kernel
-from .patching import (InjectionReport, Rule, apply_rules, check_switches, for_training, forward_from, layer_forward,
-                       named, suffixed, switches_of, uninject_models)
+from .patching import (InjectionReport, Rule, apply_rules, check_switches, for_training, named, suffixed, switches_of,
+                       uninject_models)
 
 QKV = ("q_proj", "k_proj", "v_proj")
 GATE_UP = ("gate_proj", "up_proj")
@@ -112,10 +116,15 @@ def kernel_config(layers: tuple[str, ...] = LLAMA_HUB_LAYERS, device: str = "cud
                          for name in ordered})
 
 
-def _decoder_layer_forward(tk: ModuleType) -> Callable:
+def _patch_decoder_layer(module: torch.nn.Module, inj) -> None:
+    tk, original = inj.tk, type(module).forward
+
     # Everything but hidden_states passes through to the attention by keyword, so the forward fits
     # every transformers version (the cache argument was renamed from past_key_values to cache).
     def forward(self, hidden_states, **kwargs):
+        if not _on_kernel_device(hidden_states):
+            inj.fallback("decoder_layer", f"tensors on {hidden_states.device.type}")
+            return original(self, hidden_states, **kwargs)
         residual = hidden_states
         hidden_states = self.input_layernorm(hidden_states)
         hidden_states, _ = self.self_attn(hidden_states=hidden_states, **kwargs)
@@ -124,28 +133,45 @@ def _decoder_layer_forward(tk: ModuleType) -> Callable:
         hidden_states = self.mlp(hidden_states)
         return residual + hidden_states
 
-    return forward
+    inj.set_forward(module, forward)
 
 
-def _mlp_forward(tk: ModuleType) -> Callable:
+def _patch_mlp(module: torch.nn.Module, inj) -> None:
+    tk, original = inj.tk, type(module).forward
+
     def forward(self, x):
+        if not _on_kernel_device(x):
+            inj.fallback("mlp", f"tensors on {x.device.type}")
+            return original(self, x)
         return self.down_proj(tk.act_mul(self.gate_proj(x), self.up_proj(x), "silu"))
 
-    return forward
+    inj.set_forward(module, forward)
+
+
+def _patch_rms_norm(module: torch.nn.Module, inj) -> None:
+    layer, original = inj.tk.layers.RMSNorm.forward, type(module).forward  # the Hub layer's forward
+
+    def forward(self, hidden_states):
+        if not _on_kernel_device(hidden_states):
+            inj.fallback("rms_norm", f"tensors on {hidden_states.device.type}")
+            return original(self, hidden_states)
+        return layer(self, hidden_states)
+
+    inj.set_forward(module, forward)
 
 
 def _patch_merged_mlp(module: torch.nn.Module, inj) -> None:
     """gate_proj and up_proj as one GEMM ([..., 2I], gate first) and silu_and_mul on it: the
     rounding of act_fn(gate) * up on the separate projections, one launch fewer."""
-    tk, kind = inj.tk, "merged_gate_up_mlp"
+    tk, kind, original = inj.tk, "merged_gate_up_mlp", type(module).forward
     merged = inj.merge(module, "gate_up", GATE_UP, kind)
 
     def forward(self, x):
-        if _on_kernel_device(x):
-            if merged.use(x):  # else it reported why (gradients wanted)
-                return self.down_proj(tk.silu_and_mul(merged(x)))
-        else:
-            inj.fallback(kind, f"tensors on {x.device.type}", instead="the separate projections")
+        if not _on_kernel_device(x):  # transformers' MLP: act_mul is a kernel too
+            inj.fallback(kind, f"tensors on {x.device.type}")
+            return original(self, x)
+        if merged.use(x):  # else it reported why (gradients wanted)
+            return self.down_proj(tk.silu_and_mul(merged(x)))
         return self.down_proj(tk.act_mul(self.gate_proj(x), self.up_proj(x), "silu"))
 
     inj.set_forward(module, forward)
@@ -430,8 +456,9 @@ def _causal_lm_skip(m) -> str | None:
 
 
 RULES: tuple[Rule, ...] = (
-    Rule("decoder_layer", ("rms_norm", "fused_add_rms_norm"), suffixed("DecoderLayer"),
-         forward_from(_decoder_layer_forward), claims=("post_attention_layernorm",), skip=_decoder_skip),
+    Rule("decoder_layer", ("rms_norm", "fused_add_rms_norm"), suffixed("DecoderLayer"), _patch_decoder_layer,
+         claims=("post_attention_layernorm",), skip=_decoder_skip,
+         fallback="tensors off the GPU run transformers' decoder layer forward"),
     # merged rules first: each falls to its unmerged rule where the projections cannot be merged
     Rule("merged_qkv_qk_norm_rope", ("rms_norm", "rope", "qk_norm_rope", "merge_projections"),
          named(*QWEN3_ATTENTIONS), lambda m, inj: _patch_attention(m, inj, "merged_qkv_qk_norm_rope", qk_norm=True,
@@ -453,10 +480,13 @@ RULES: tuple[Rule, ...] = (
          fallback="tensors off the GPU run transformers' apply_rotary_pos_emb (the swap is process-wide)"),
     Rule("merged_gate_up_mlp", ("swiglu", "merge_projections"), suffixed("MLP"), _patch_merged_mlp,
          skip=lambda m: _mlp_skip(m) or merging.mergeable(m, GATE_UP),
-         fallback="tensors off the GPU, or gradients wanted: the separate gate/up projections (then act_mul)"),
-    Rule("mlp", ("swiglu",), suffixed("MLP"), forward_from(_mlp_forward), skip=_mlp_skip),
-    Rule("rms_norm", ("rms_norm",), suffixed("RMSNorm"), layer_forward("RMSNorm"),
-         skip=lambda m: None if hasattr(m, "variance_epsilon") else "no variance_epsilon (not a transformers RMSNorm)"),
+         fallback="tensors off the GPU run transformers' MLP forward; where gradients are wanted, the separate "
+                  "gate/up projections (then act_mul)"),
+    Rule("mlp", ("swiglu",), suffixed("MLP"), _patch_mlp, skip=_mlp_skip,
+         fallback="tensors off the GPU run transformers' MLP forward"),
+    Rule("rms_norm", ("rms_norm",), suffixed("RMSNorm"), _patch_rms_norm,
+         skip=lambda m: None if hasattr(m, "variance_epsilon") else "no variance_epsilon (not a transformers RMSNorm)",
+         fallback="tensors off the GPU run transformers' RMSNorm forward"),
 )
 
 # The ops each rule's forward calls under grad (the C++ ops' names): in training, a rule is applied

@@ -133,11 +133,15 @@ def refuse_the_rest() -> list[str]:
 
 def grad_rows(grad: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     """An incoming gradient as the backward kernels read it: rows of unit stride (leading dims any
-    stride). Autograd may hand an expanded one (a sum's backward: stride 0 everywhere); that one is
-    copied once here."""
+    stride, read in place). The one shared place every op family's backward takes its incoming
+    gradients through. Autograd may hand a layout the kernels refuse: an expanded one (the backward
+    of ``.sum()`` or ``.mean()``: stride 0 everywhere) or one whose last dimension is strided; only
+    those are materialized, once, as eager autograd's elementwise backward effectively reads them.
+    ``clone`` rather than ``contiguous()``: an empty expanded gradient counts as contiguous and
+    would keep its stride 0."""
     if grad is None or grad.dim() == 0 or grad.size(-1) <= 1 or grad.stride(-1) == 1:
         return grad
-    return grad.contiguous()
+    return grad.clone(memory_format=torch.contiguous_format)
 
 
 def grad_or_zeros(grad: Optional[torch.Tensor], like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -149,12 +149,15 @@ def _backward(ctx, grad_loss, _grad_hidden, _grad_weight, _grad_bias):
     if ctx.precomputed:
         # The gradients of loss = 1, computed in the forward: scaled by the incoming gradient, in
         # place on eager tensors (no second [V, H] buffer), out of place on traced ones
-        # (torch.compile's functional tensors, fake tensors).
+        # (torch.compile's functional tensors, fake tensors). Handed over detached (as Liger
+        # does): a fresh tensor that nothing else references, which AccumulateGrad takes as the
+        # leaf's .grad; the op's own output may still be referenced (its Python object), and a
+        # gradient referenced elsewhere is copied there (one more [V, H] and [N, H]).
         if ctx.used:
             raise RuntimeError("fused_linear_cross_entropy: backward ran twice through the same call (retain_graph); "
                                "its gradients are computed in the forward and given out once")
         ctx.used = True
-        grad_hidden, grad_weight, grad_bias = (g.mul_(grad_loss) if type(g) is torch.Tensor else g * grad_loss
+        grad_hidden, grad_weight, grad_bias = ((g.mul_(grad_loss) if type(g) is torch.Tensor else g * grad_loss).detach()
                                                for g in ctx.saved_tensors)
     else:
         hidden, weight, target, bias = ctx.saved_tensors
