@@ -1,12 +1,12 @@
 // Torch entry points of the activation family: validate, pick dtypes, call the torch-free
 // launcher in activation.cuh on the current stream of x's device.
 #include <ATen/cuda/CUDAContext.h>
-#include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAGuard.h>
 
 #include <string_view>
 
 #include "activation/activation.cuh"
+#include "common/alloc.h"
 #include "common/checks.h"
 #include "common/dispatch.h"
 
@@ -118,7 +118,7 @@ ElementwiseCall act_and_mul_call(const at::Tensor& x, std::string_view act, bool
 
 at::Tensor activation(const at::Tensor& x, std::string_view act) {
   check_row_input("activation", x, "x");
-  at::Tensor out = at::empty(x.sizes(), x.options());
+  at::Tensor out = empty_tensor(x.sizes(), x.options());
   launch(activation_call(x, act, out));
   return out;
 }
@@ -132,7 +132,7 @@ void activation_out(at::Tensor& out, const at::Tensor& x, std::string_view act) 
 
 at::Tensor act_and_mul(const at::Tensor& x, std::string_view act, bool act_first) {
   check_row_input("act_and_mul", x, "x");
-  at::Tensor out = at::empty(half_last_dim("act_and_mul", x), x.options());
+  at::Tensor out = empty_tensor(half_last_dim("act_and_mul", x), x.options());
   launch(act_and_mul_call(x, act, act_first, out));
   return out;
 }
@@ -177,7 +177,7 @@ ElementwiseCall gated_add_call(const at::Tensor& x, const at::Tensor& y, const a
 at::Tensor act_mul(const at::Tensor& gate, const at::Tensor& up, std::string_view act) {
   at::Tensor out;  // allocated once the inputs are known to be valid
   ElementwiseCall c = act_mul_call(gate, up, act, out);
-  out = at::empty(gate.sizes(), gate.options());
+  out = empty_tensor(gate.sizes(), gate.options());
   launch(c);
   return out;
 }
@@ -192,7 +192,7 @@ void act_mul_out(at::Tensor& out, const at::Tensor& gate, const at::Tensor& up, 
 at::Tensor gated_add(const at::Tensor& x, const at::Tensor& y, const at::Tensor& gate) {
   at::Tensor out;
   ElementwiseCall c = gated_add_call(x, y, gate, out);
-  out = at::empty(x.sizes(), x.options());
+  out = empty_tensor(x.sizes(), x.options());
   launch(c);
   return out;
 }

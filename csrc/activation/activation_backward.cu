@@ -1,7 +1,6 @@
 // Torch entry points of the activations' backward: validate, allocate the gradients, call the
 // torch-free launcher in activation_backward.cuh on the current stream of x's device.
 #include <ATen/cuda/CUDAContext.h>
-#include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAGuard.h>
 
 #include <string_view>
@@ -9,6 +8,7 @@
 #include <vector>
 
 #include "activation/activation_backward.cuh"
+#include "common/alloc.h"
 #include "common/checks.h"
 #include "common/dispatch.h"
 
@@ -104,7 +104,7 @@ at::Tensor activation_backward(const at::Tensor& grad, const at::Tensor& x, std:
   check_row_input(op, x, "x");
   check_grad(op, grad, x, "x", x.sizes());
   const Activation a = backward_activation(op, act);
-  at::Tensor grad_x = at::empty(x.sizes(), x.options());
+  at::Tensor grad_x = empty_tensor(x.sizes(), x.options());
   BackwardCall c(op, a, x, grad, num_rows(x), x.size(-1));
   c.x = x.const_data_ptr();
   c.x_rows = row_indexer(op, x, "x");
@@ -124,7 +124,7 @@ at::Tensor act_and_mul_backward(const at::Tensor& grad, const at::Tensor& x, std
   check_grad(op, grad, x, "x", half);
   const Activation a = backward_activation(op, act);
   const int64_t h = x.size(-1) / 2;
-  at::Tensor grad_x = at::empty(x.sizes(), x.options());  // [..., 2H]: the gradients of both halves
+  at::Tensor grad_x = empty_tensor(x.sizes(), x.options());  // [..., 2H]: the gradients of both halves
   const int64_t item = static_cast<int64_t>(x.element_size());
   const char* first = static_cast<const char*>(x.const_data_ptr());
   char* grad_first = static_cast<char*>(grad_x.data_ptr());
@@ -151,8 +151,8 @@ std::tuple<at::Tensor, at::Tensor> act_mul_backward(const at::Tensor& grad, cons
   check_same_as_x(op, up, "up", gate, "gate");
   check_grad(op, grad, gate, "gate", gate.sizes());
   const Activation a = backward_activation(op, act);
-  at::Tensor grad_gate = at::empty(gate.sizes(), gate.options());
-  at::Tensor grad_up = at::empty(gate.sizes(), gate.options());
+  at::Tensor grad_gate = empty_tensor(gate.sizes(), gate.options());
+  at::Tensor grad_up = empty_tensor(gate.sizes(), gate.options());
   BackwardCall c(op, a, gate, grad, num_rows(gate), gate.size(-1));
   c.gate = gate.const_data_ptr();
   c.gate_rows = row_indexer(op, gate, "gate");

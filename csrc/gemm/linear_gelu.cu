@@ -4,7 +4,6 @@
 // epilogue GELU is less accurate than eager's), at::linear followed by our gelu_tanh kernel
 // (activation/activation.cuh), which rounds as F.linear + F.gelu do.
 #include <ATen/cuda/CUDAContext.h>
-#include <ATen/ops/empty.h>
 #include <ATen/ops/linear.h>
 #include <c10/cuda/CUDAGuard.h>
 
@@ -12,6 +11,7 @@
 #include <vector>
 
 #include "activation/activation.cuh"
+#include "common/alloc.h"
 #include "common/checks.h"
 #include "common/dispatch.h"
 #include "gemm/linear_gelu.cuh"
@@ -133,7 +133,7 @@ void launch(const at::Tensor& x, const at::Tensor& weight, const OptTensor& bias
 
 at::Tensor linear_gelu(const at::Tensor& x, const at::Tensor& weight, const OptTensor& bias) {
   check_inputs(x, weight, bias);
-  at::Tensor out = at::empty(out_sizes(x, weight), x.options());
+  at::Tensor out = empty_tensor(out_sizes(x, weight), x.options());
   launch(x, weight, bias, out);
   return out;
 }
@@ -150,7 +150,7 @@ bool linear_gelu_fused(const at::Tensor& x, const at::Tensor& weight, const OptT
   if (x.size(-1) == 0 || x.numel() == 0 || weight.size(0) == 0) return false;
   const at::cuda::OptionalCUDAGuard device_guard(x.device());
   // The layout of the output the functional form allocates: contiguous rows of N.
-  const at::Tensor out = at::empty(out_sizes(x, weight), x.options());
+  const at::Tensor out = empty_tensor(out_sizes(x, weight), x.options());
   const auto p = epilogue_params(x, weight, bias, out);
   return p && linear_gelu(at::cuda::getCurrentCUDABlasLtHandle(), *p, torch_workspace(),
                           at::cuda::getCurrentCUDAStream(), /*launch=*/false) == CUBLAS_STATUS_SUCCESS;

@@ -1,7 +1,6 @@
 // Torch entry points of GroupNorm: validate, plan, allocate the output and the statistics
 // workspace, and call the torch-free launcher in group_norm.cuh on the current stream of x's device.
 #include <ATen/cuda/CUDAContext.h>
-#include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
@@ -15,6 +14,7 @@
 #include <torch/headeronly/version.h>
 #endif
 
+#include "common/alloc.h"
 #include "common/checks.h"
 #include "common/dispatch.h"
 #include "group_norm/group_norm.cuh"
@@ -152,12 +152,12 @@ GroupNormCall make_call(const char* op, const at::Tensor& x, const at::Tensor* b
 // The output in x's layout (channels-last outputs keep x's memory format, as the next conv wants).
 at::Tensor empty_output(const GroupNormCall& c) {
   const at::Tensor& x = *c.x;
-  if (c.layout == GroupNormLayout::kChannelsFirst) return at::empty(x.sizes(), x.options());
+  if (c.layout == GroupNormLayout::kChannelsFirst) return empty_tensor(x.sizes(), x.options());
   std::vector<int64_t> sizes{x.size(0)}, perm{0, x.dim() - 1};
   for (int64_t d = 2; d < x.dim(); ++d) sizes.push_back(x.size(d));
   sizes.push_back(x.size(1));
   for (int64_t d = 1; d < x.dim() - 1; ++d) perm.push_back(d);
-  return at::empty(sizes, x.options()).permute(perm);
+  return empty_tensor(sizes, x.options()).permute(perm);
 }
 
 void check_out(const GroupNormCall& c, const at::Tensor& out) {
@@ -222,7 +222,7 @@ void run(const GroupNormCall& c, at::Tensor& out) {
   at::Tensor workspace;
   const int64_t floats = group_norm_workspace_floats(p.plan, p.batch, p.groups);
   if (floats > 0) {
-    workspace = at::empty({floats}, x.options().dtype(at::kFloat));
+    workspace = empty_tensor({floats}, x.options().dtype(at::kFloat));
     p.workspace = workspace.data_ptr<float>();
   }
   const cudaError_t err = group_norm(p, at::cuda::getCurrentCUDAStream());

@@ -15,6 +15,7 @@
 #include <string_view>
 #include <tuple>
 
+#include "common/alloc.h"
 #include "common/checks.h"
 #include "common/dispatch.h"
 #include "loss/cross_entropy.cuh"
@@ -164,13 +165,13 @@ at::Tensor run_chunks(const at::Tensor& hidden, const at::Tensor& weight, const 
                       std::array<bool, 3> want, int64_t requested_rows, Grads* grads) {
   const int64_t n = hidden.size(0), h = hidden.size(1), v = weight.size(0);
   const int64_t rows = chunk_rows_for(n, h, v, requested_rows);
-  at::Tensor loss = at::empty({n}, hidden.options().dtype(hidden.scalar_type() == at::kDouble ? at::kDouble : at::kFloat));
-  at::Tensor buffer = at::empty({std::min(rows, std::max<int64_t>(n, 1)), padded_width(v, hidden)}, hidden.options());
+  at::Tensor loss = empty_tensor({n}, hidden.options().dtype(hidden.scalar_type() == at::kDouble ? at::kDouble : at::kFloat));
+  at::Tensor buffer = empty_tensor({std::min(rows, std::max<int64_t>(n, 1)), padded_width(v, hidden)}, hidden.options());
   const bool with_bias = bias.has_value();
   const at::ScalarType acc = hidden.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   if (scale != nullptr) {
-    if (want[0]) grads->hidden = at::empty({n, h}, hidden.options());
-    if (want[1]) grads->weight = at::empty({v, h}, weight.options());
+    if (want[0]) grads->hidden = empty_tensor({n, h}, hidden.options());
+    if (want[1]) grads->weight = empty_tensor({v, h}, weight.options());
     if (want[2] && with_bias) grads->bias = at::zeros({v}, bias->options().dtype(acc));
   }
   const at::Tensor weight_t = weight.t();
@@ -226,7 +227,7 @@ at::Tensor reduce(const at::Tensor& loss, const at::Tensor& target, const Option
   return total / (target != o.ignore_index).sum().to(loss.scalar_type());  // 0 / 0 = NaN when all are ignored, as PyTorch
 }
 
-at::Tensor empty_like_none(const at::Tensor& t) { return at::empty({0}, t.options()); }
+at::Tensor empty_like_none(const at::Tensor& t) { return empty_tensor({0}, t.options()); }
 
 }  // namespace
 

@@ -1,13 +1,13 @@
 // Torch entry points of the normalization family: validate, allocate, and hand the launch to
 // launch_norm (compiled per fused variant in instances/, on the current stream of x's device).
 #include <ATen/cuda/CUDAContext.h>
-#include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAGuard.h>
 
 #include <optional>
 #include <string_view>
 #include <tuple>
 
+#include "common/alloc.h"
 #include "common/checks.h"
 #include "common/dispatch.h"
 #include "norm/norm_call.h"
@@ -140,7 +140,7 @@ void run(const NormCall& c) {
   if constexpr (!kMod)
     p.split_chunks = norm_split_chunks(p.num_rows, p.hidden, at::cuda::getCurrentDeviceProperties()->multiProcessorCount);
   if (p.split_chunks > 1) {
-    split_stats = at::empty({p.num_rows * p.split_chunks * kChunkStatFloats}, c.x->options().dtype(at::kFloat));
+    split_stats = empty_tensor({p.num_rows * p.split_chunks * kChunkStatFloats}, c.x->options().dtype(at::kFloat));
     p.split_stats = split_stats.data_ptr<float>();
     p.split_chunk_elems = NormPolicy::kSplitChunkElems;
   }
@@ -167,7 +167,7 @@ void launch(const NormCall& c) {
 }
 
 at::Tensor empty_like_rows(const at::Tensor& x, c10::ScalarType dtype) {
-  return at::empty(x.sizes(), x.options().dtype(dtype));
+  return empty_tensor(x.sizes(), x.options().dtype(dtype));
 }
 
 // ---- each op's launch ----

@@ -2,7 +2,6 @@
 // gradients asked for, and hand the launch to dispatch_norm_backward (compiled per variant in
 // backward/, on the current stream of x's device). Gradients not asked for in output_mask, or of
 // an absent parameter, come back as empty 1-D tensors of x's dtype.
-#include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAGuard.h>
 
 #include <array>
@@ -10,6 +9,7 @@
 #include <string_view>
 #include <tuple>
 
+#include "common/alloc.h"
 #include "common/checks.h"
 #include "norm/norm_backward_call.h"
 
@@ -22,11 +22,11 @@ using OptTensor = std::optional<at::Tensor>;
 
 const at::Tensor* ptr(const OptTensor& t) { return t ? &*t : nullptr; }
 
-at::Tensor not_asked(const at::Tensor& x) { return at::empty({0}, x.options()); }
+at::Tensor not_asked(const at::Tensor& x) { return empty_tensor({0}, x.options()); }
 
 // A gradient of `like`'s shape and dtype when asked for and `like` exists.
 at::Tensor grad_for(bool asked, const at::Tensor* like, const at::Tensor& x) {
-  return asked && like != nullptr ? at::empty(like->sizes(), like->options().memory_format(at::MemoryFormat::Contiguous))
+  return asked && like != nullptr ? empty_tensor(like->sizes(), like->options().memory_format(at::MemoryFormat::Contiguous))
                                   : not_asked(x);
 }
 
@@ -97,7 +97,7 @@ std::tuple<at::Tensor, at::Tensor> rms_backward(const char* op, const at::Tensor
   // hf / diffusers with an fp32 weight output fp32; torch's rounding outputs x's dtype
   check_grad(op, grad_out, "grad_out", x, x.scalar_type(), weight ? weight->scalar_type() : x.scalar_type());
   if (grad_h) check_grad(op, *grad_h, "grad_residual_out", x, x.scalar_type(), x.scalar_type());
-  at::Tensor dx = mask[0] ? at::empty(x.sizes(), x.options()) : not_asked(x);
+  at::Tensor dx = mask[0] ? empty_tensor(x.sizes(), x.options()) : not_asked(x);
   at::Tensor dw = grad_for(mask[1], ptr(weight), x);
   NormBackwardCall c{op, NormBackwardType::kRms, &grad_out, ptr(grad_h), &x, ptr(weight)};
   c.eps = eps;
@@ -156,7 +156,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward(const at::Ten
                      weight->scalar_type(), " and ", bias->scalar_type());
   check_eps(op, eps);
   check_grad(op, grad_out, "grad_out", x, x.scalar_type(), x.scalar_type());
-  at::Tensor dx = output_mask[0] ? at::empty(x.sizes(), x.options()) : not_asked(x);
+  at::Tensor dx = output_mask[0] ? empty_tensor(x.sizes(), x.options()) : not_asked(x);
   at::Tensor dw = grad_for(output_mask[1], ptr(weight), x);
   at::Tensor db = grad_for(output_mask[2], ptr(bias), x);
   NormBackwardCall c{op, NormBackwardType::kLayer, &grad_out, nullptr, &x, ptr(weight), ptr(bias)};
@@ -175,7 +175,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> norm_modu
   constexpr const char* op = "norm_modulate_backward";
   const NormBackwardType type = check_modulated(op, x, scale, shift, weight, bias, eps, norm);
   check_grad(op, grad_out, "grad_out", x, x.scalar_type(), x.scalar_type());
-  at::Tensor dx = output_mask[0] ? at::empty(x.sizes(), x.options()) : not_asked(x);
+  at::Tensor dx = output_mask[0] ? empty_tensor(x.sizes(), x.options()) : not_asked(x);
   at::Tensor dscale = grad_for(output_mask[1], &scale, x);
   at::Tensor dshift = grad_for(output_mask[2], ptr(shift), x);
   at::Tensor dw = grad_for(output_mask[3], ptr(weight), x);
@@ -204,8 +204,8 @@ gated_add_norm_modulate_backward(const OptTensor& grad_h, const at::Tensor& grad
   if (gate) check_broadcasts_to(op, *gate, "gate", h);
   // Without a gate, y's gradient is x's: the Python side returns dx for both.
   const bool want_dx = output_mask[0] || (output_mask[1] && !gate);
-  at::Tensor dx = want_dx ? at::empty(h.sizes(), h.options()) : not_asked(h);
-  at::Tensor dy = output_mask[1] && gate ? at::empty(h.sizes(), h.options()) : not_asked(h);
+  at::Tensor dx = want_dx ? empty_tensor(h.sizes(), h.options()) : not_asked(h);
+  at::Tensor dy = output_mask[1] && gate ? empty_tensor(h.sizes(), h.options()) : not_asked(h);
   at::Tensor dgate = grad_for(output_mask[2], ptr(gate), h);
   at::Tensor dscale = grad_for(output_mask[3], &scale, h);
   at::Tensor dshift = grad_for(output_mask[4], ptr(shift), h);
@@ -231,7 +231,7 @@ std::tuple<at::Tensor, at::Tensor> gated_add_backward(const at::Tensor& grad_out
   check_row_input(op, grad_out, "grad_out");
   check_same_as_x(op, y, "y", grad_out, "grad_out");
   check_broadcasts_to(op, gate, "gate", grad_out);
-  at::Tensor dy = output_mask[0] ? at::empty(grad_out.sizes(), grad_out.options()) : not_asked(grad_out);
+  at::Tensor dy = output_mask[0] ? empty_tensor(grad_out.sizes(), grad_out.options()) : not_asked(grad_out);
   at::Tensor dgate = grad_for(output_mask[1], &gate, grad_out);
   NormBackwardCall c{op, NormBackwardType::kNone, &grad_out};
   c.y = &y;

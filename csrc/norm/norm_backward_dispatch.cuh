@@ -4,11 +4,11 @@
 #pragma once
 
 #include <ATen/cuda/CUDAContext.h>
-#include <ATen/ops/empty.h>
 
 #include <array>
 #include <type_traits>
 
+#include "common/alloc.h"
 #include "common/checks.h"
 #include "common/dispatch.h"
 #include "norm/norm_backward_call.h"
@@ -95,7 +95,7 @@ bool run(const NormBackwardCall& c) {
     }
     const GradLayout layout = grad_layout(*params[i], x);
     if (layout.sum_after) {  // fp32 rows: rows rounded to T before the sum would add a rounding each
-      sum_after[i] = at::empty(x.sizes(), x.options().dtype(at::kFloat));
+      sum_after[i] = empty_tensor(x.sizes(), x.options().dtype(at::kFloat));
       p.full_f32[i] = sum_after[i].data_ptr<float>();
     } else if (layout.segment_rows == 1) {
       p.full[i] = reinterpret_cast<T*>(grad->data_ptr());
@@ -113,12 +113,12 @@ bool run(const NormBackwardCall& c) {
   std::array<at::Tensor, kNumParamGrads> partials;
   for (int i = 0; i < kNumParamGrads; ++i) {
     if (p.reduced[i] == nullptr) continue;
-    partials[i] = at::empty({plan.items, p.hidden}, x.options().dtype(at::kFloat));
+    partials[i] = empty_tensor({plan.items, p.hidden}, x.options().dtype(at::kFloat));
     p.partials[i] = partials[i].data_ptr<float>();
   }
   at::Tensor chunk_stats;
   if (kNorm != NormBackwardType::kNone && plan.chunked) {
-    chunk_stats = at::empty({p.num_rows * p.chunks * kChunkStatFloatsBwd}, x.options().dtype(at::kFloat));
+    chunk_stats = empty_tensor({p.num_rows * p.chunks * kChunkStatFloatsBwd}, x.options().dtype(at::kFloat));
     p.chunk_stats = chunk_stats.data_ptr<float>();
   }
   const cudaError_t err = norm_backward<kNorm, kFeatures, kWholeRows>(p, plan, at::cuda::getCurrentCUDAStream());

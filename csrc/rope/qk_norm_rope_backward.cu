@@ -3,7 +3,6 @@
 // q's device. Weight gradients not asked for in output_mask come back as empty 1-D tensors of q's
 // dtype; dq and dk are always computed.
 #include <ATen/cuda/CUDAContext.h>
-#include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAGuard.h>
 
 #include <array>
@@ -11,6 +10,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "common/alloc.h"
 #include "common/checks.h"
 #include "common/dispatch.h"
 #include "rope/qk_norm_rope_backward.cuh"
@@ -113,15 +113,15 @@ QkGrads run_qk_backward(const char* op, const at::Tensor& grad_q, const at::Tens
                         std::array<bool, 4> mask, SetCosSin&& set_cos_sin) {
   const at::cuda::OptionalCUDAGuard device_guard(q.device());
   // Gradients in the caller's shapes (LTX's 3-D), contiguous; the kernels see [B, S, H, d] views.
-  at::Tensor dq = at::empty(q.sizes(), q.options()), dk = at::empty(k.sizes(), k.options());
-  at::Tensor dqw = mask[2] ? at::empty(q_weight.sizes(), q_weight.options()) : at::empty({0}, q.options());
-  at::Tensor dkw = mask[3] ? at::empty(k_weight.sizes(), k_weight.options()) : at::empty({0}, q.options());
+  at::Tensor dq = empty_tensor(q.sizes(), q.options()), dk = empty_tensor(k.sizes(), k.options());
+  at::Tensor dqw = mask[2] ? empty_tensor(q_weight.sizes(), q_weight.options()) : empty_tensor({0}, q.options());
+  at::Tensor dkw = mask[3] ? empty_tensor(k_weight.sizes(), k_weight.options()) : empty_tensor({0}, q.options());
   const at::Tensor gq = as_heads(grad_q), gk = as_heads(grad_k), q4 = as_heads(q), k4 = as_heads(k);
   at::Tensor dq4 = as_heads(dq), dk4 = as_heads(dk);
   if (q.numel() == 0 && k.numel() == 0) {
     if (mask[2]) dqw.zero_();
     if (mask[3]) dkw.zero_();
-    return {mask[0] ? dq : at::empty({0}, q.options()), mask[1] ? dk : at::empty({0}, q.options()), dqw, dkw};
+    return {mask[0] ? dq : empty_tensor({0}, q.options()), mask[1] ? dk : empty_tensor({0}, q.options()), dqw, dkw};
   }
   dispatch_float_dtype(q.scalar_type(), "q", [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -148,11 +148,11 @@ QkGrads run_qk_backward(const char* op, const at::Tensor& grad_q, const at::Tens
                         kBackwardElems, " elements each for 16-byte aligned rows)");
       at::Tensor q_partials, k_partials;  // after the outputs
       if (mask[2]) {
-        q_partials = at::empty({plan.q_items, p.width}, q.options().dtype(at::kFloat));
+        q_partials = empty_tensor({plan.q_items, p.width}, q.options().dtype(at::kFloat));
         p.q_partials = q_partials.data_ptr<float>();
       }
       if (mask[3]) {
-        k_partials = at::empty({plan.k_items, p.width}, q.options().dtype(at::kFloat));
+        k_partials = empty_tensor({plan.k_items, p.width}, q.options().dtype(at::kFloat));
         p.k_partials = k_partials.data_ptr<float>();
       }
       const cudaError_t err = qk_norm_rope_backward<kHalfRotation, kSource>(
@@ -168,7 +168,7 @@ QkGrads run_qk_backward(const char* op, const at::Tensor& grad_q, const at::Tens
       go(tag, type_tag<float>{});
     }
   });
-  return {mask[0] ? dq : at::empty({0}, q.options()), mask[1] ? dk : at::empty({0}, q.options()), dqw, dkw};
+  return {mask[0] ? dq : empty_tensor({0}, q.options()), mask[1] ? dk : empty_tensor({0}, q.options()), dqw, dkw};
 }
 
 auto tables(const at::Tensor& cos, const at::Tensor& sin) {

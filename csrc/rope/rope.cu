@@ -1,7 +1,6 @@
 // Torch entry points of rotary embeddings: validate, pick dtypes, call the torch-free launcher in
 // rope.cuh on the current stream of q's device.
 #include <ATen/cuda/CUDAContext.h>
-#include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAGuard.h>
 
 #include <cstdint>
@@ -11,6 +10,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "common/alloc.h"
 #include "common/checks.h"
 #include "common/dispatch.h"
 #include "rope/qk_norm_rope.cuh"
@@ -231,8 +231,8 @@ std::tuple<at::Tensor, at::Tensor> rope(const at::Tensor& q, const at::Tensor& k
                                         const at::Tensor& sin, std::string_view style, bool fp32_math) {
   check_inputs(q, k, cos, sin, fp32_math);
   resolve_style(style);
-  at::Tensor q_out = at::empty(q.sizes(), q.options());
-  at::Tensor k_out = at::empty(k.sizes(), k.options());
+  at::Tensor q_out = empty_tensor(q.sizes(), q.options());
+  at::Tensor k_out = empty_tensor(k.sizes(), k.options());
   launch(q_out, k_out, q, k, cos, sin, style, fp32_math, /*copy_pass_through=*/true);
   return {q_out, k_out};
 }
@@ -453,8 +453,8 @@ std::tuple<at::Tensor, at::Tensor> qk_norm_rope_from_tables(const char* op, cons
                                                             const at::Tensor& q_weight, const at::Tensor& k_weight,
                                                             double eps, const at::Tensor& cos, const at::Tensor& sin) {
   check_qk_norm_rope(op, kForm, q, k, q_weight, k_weight, eps, cos, sin);
-  at::Tensor q_out = at::empty(q.sizes(), q.options());
-  at::Tensor k_out = at::empty(k.sizes(), k.options());
+  at::Tensor q_out = empty_tensor(q.sizes(), q.options());
+  at::Tensor k_out = empty_tensor(k.sizes(), k.options());
   run_qk_norm_rope<kForm, CosSinSource::kTables>(op, q_out, k_out, q, k, q_weight, k_weight, eps,
                                                  from_tables(cos, sin));
   return {q_out, k_out};
@@ -492,8 +492,8 @@ std::tuple<at::Tensor, at::Tensor> run_ltx_rope_from_coords(const char* op, cons
                                                             const at::Tensor& grid, const at::Tensor& freqs) {
   at::Tensor q4, k4;  // [B, S, 1, C] views (not structured bindings: the lambda below captures them)
   std::tie(q4, k4) = check_ltx_coords(op, q, k, grid, freqs);
-  at::Tensor q_out = at::empty(q.sizes(), q.options());
-  at::Tensor k_out = at::empty(k.sizes(), k.options());
+  at::Tensor q_out = empty_tensor(q.sizes(), q.options());
+  at::Tensor k_out = empty_tensor(k.sizes(), k.options());
   at::Tensor q_out4 = q_out.unsqueeze(2), k_out4 = k_out.unsqueeze(2);
   const at::cuda::OptionalCUDAGuard device_guard(q.device());
   dispatch_float_dtype(q.scalar_type(), "q", [&](auto tag) {
@@ -523,8 +523,8 @@ std::tuple<at::Tensor, at::Tensor> ltx_qk_norm_rope_from_coords(const at::Tensor
   at::Tensor q4, k4;  // [B, S, 1, C] views
   std::tie(q4, k4) = check_ltx_coords(kLtxCoordsNormRopeOp, q, k, grid, freqs);
   check_qk_norm(kLtxCoordsNormRopeOp, QkNormRopeForm::kDiffusers, q4, k4, q_weight, k_weight, eps);
-  at::Tensor q_out = at::empty(q.sizes(), q.options());
-  at::Tensor k_out = at::empty(k.sizes(), k.options());
+  at::Tensor q_out = empty_tensor(q.sizes(), q.options());
+  at::Tensor k_out = empty_tensor(k.sizes(), k.options());
   at::Tensor q_out4 = q_out.unsqueeze(2), k_out4 = k_out.unsqueeze(2);
   const LtxCoords coords = ltx_coords(grid, freqs, q.size(2));
   run_qk_norm_rope<QkNormRopeForm::kDiffusers, CosSinSource::kLtxCoords>(
@@ -559,8 +559,8 @@ std::tuple<at::Tensor, at::Tensor> rope_backward(const at::Tensor& grad_q, const
                                                  bool fp32_math) {
   check_inputs(grad_q, grad_k, cos, sin, fp32_math);
   resolve_style(style);
-  at::Tensor grad_q_in = at::empty(grad_q.sizes(), grad_q.options());
-  at::Tensor grad_k_in = at::empty(grad_k.sizes(), grad_k.options());
+  at::Tensor grad_q_in = empty_tensor(grad_q.sizes(), grad_q.options());
+  at::Tensor grad_k_in = empty_tensor(grad_k.sizes(), grad_k.options());
   launch_backward(grad_q_in, grad_k_in, grad_q, grad_k, cos, sin, style, fp32_math);
   return {grad_q_in, grad_k_in};
 }
