@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The confirming device call for a short budget: build for the GPU present, then the triage nodeids
-# (workshop/triage-gpu-nodeids.txt) with the training, loss, GroupNorm/SD, linear_gelu and
+# (workshop/triage-gpu-nodeids.txt) with the training, loss, GroupNorm/SD, linear_gelu, integration and
 # CUDA-graph test files and the empty-tensor tests, named and with tracebacks (TK_FAILURE_LOG),
 # then the Llama training step (eager, Liger, ours) with what time is left.
 #   BUILD_S=110 TESTS_S=170 TRAIN_S=50 workshop/gpu_confirm.sh OUT
@@ -10,7 +10,7 @@ OUT="$1"
 FILES="tests/test_backward.py tests/test_norm_backward.py tests/test_qk_norm_rope_backward.py
   tests/test_fused_linear_cross_entropy.py tests/test_training_models.py tests/test_training_integration.py
   tests/test_group_norm.py tests/test_integration_sd.py tests/test_linear_gelu.py tests/test_decode_graphs.py
-  tests/test_cuda_graphs.py"
+  tests/test_cuda_graphs.py tests/test_integration_transformers.py tests/test_integration_diffusers.py"
 pattern="$(echo $FILES | tr ' ' '\n' | sed 's/[.]/[.]/g; s/^/^/; s/$/::/' | paste -sd'|')"
 grep -Ev "$pattern" workshop/triage-gpu-nodeids.txt > /tmp/tk-nodeids.txt
 echo $FILES | tr ' ' '\n' >> /tmp/tk-nodeids.txt
