@@ -29,8 +29,8 @@ constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
 // Whether the F.group_norm of the torch this is built against rounds a group's mean and rstd to x's
 // dtype before normalizing (GroupNormParams::stats_in_x_dtype). torch 2.11's libtorch_cuda has
 // RowwiseMomentsCUDAKernel<T>(N, T eps, const T* X, T* mean, T* rstd); 2.14's also writes fp32
-// mean_acc/rstd_acc and normalizes with those (pytorch/pytorch#183946, May 2026). 2.12 and 2.13
-// are unchecked: the change is taken to be in 2.13 and later.
+// mean_acc/rstd_acc and normalizes with those (pytorch/pytorch#183946, May 2026). By the kernel's
+// signature in each PyPI wheel's libtorch_cuda.so: 2.12.1 has 2.11's, 2.13.0 has 2.14's.
 #if defined(TORCH_VERSION_MAJOR) && defined(TORCH_VERSION_MINOR)
 constexpr bool kAtenStatsInXDtype = TORCH_VERSION_MAJOR < 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR <= 12);
 #else
