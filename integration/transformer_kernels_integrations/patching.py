@@ -20,11 +20,13 @@ function, or merges projections (``merge``: one weight the original parameters b
 (a merge gives each parameter, the same object, storage of its own again with its current values).
 Weights are read at call time, never cached.
 
-Fallbacks: a patched forward that meets an input its kernel does not take (CPU tensors, autocast,
-mixed dtypes) runs the library's own code, and a merged projection that cannot run (gradients
-wanted) the separate projections; it says so once through ``logging`` (logger
+Fallbacks: a patched forward that meets an input its kernel does not take (autocast, mixed dtypes;
+CPU tensors in the transformers rules) runs the library's own code, and a merged projection that
+cannot run (gradients wanted) the separate projections; it says so once through ``logging`` (logger
 ``transformer_kernels_integrations``) and counts it in the report, or raises
-``KernelFallbackError`` under ``inject(..., strict=True)``.
+``KernelFallbackError`` under ``inject(..., strict=True)``. The diffusers rules do not check the
+device: a pipeline's modules run on the GPU (offloading moves them there before each forward), and
+tensors elsewhere reach the kernel, which refuses them with an error naming the argument.
 
 Training (``inject`` on a model in training mode, or ``training=True``): ``for_training`` keeps a
 rule only where every op it runs (the integration's ``RULE_OPS``) has a backward (``tk.has_backward``),
