@@ -17,8 +17,8 @@ every other row, so a row's bits depend on its tensor's alignment (a batch of on
 stride: one row of a padded view takes the 16-byte path where more rows of it do not)
 (tests/test_reliability_determinism.py).
 
-Training: the functional forms have a backward (CUDA kernels; the row statistics are recomputed
-from x in the backward, so the forward is the inference kernel), under eager and
+Training: the functional forms have a backward (CUDA kernels; the backward recomputes the row
+statistics of x, so the forward is the inference kernel), under eager and
 ``torch.compile``. The in-place form and the ``out=`` forms have none: with grad enabled and an
 input that requires grad they raise instead of dropping the gradient. ``gated_add``'s autograd
 (an activation-family op whose backward is the modulations' broadcast reduction) is registered
