@@ -12,6 +12,7 @@
 #include <initializer_list>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -218,6 +219,19 @@ inline void check_row_input(const char* op, const at::Tensor& t, const char* nam
   check_last_dim_contiguous(op, t, name);
   check_row_count(op, num_rows(t), name);
   check_row_length(op, t, name);
+}
+
+// A norm's per-feature parameter (forward and backward): [hidden], contiguous, x's dtype or
+// float32 (norm weights are often kept in fp32, e.g. under diffusers' layerwise casting).
+inline void check_norm_param(const char* op, const std::optional<at::Tensor>& t, const char* name, const at::Tensor& x) {
+  if (!t) return;
+  check_same_device(op, *t, name, x, "x");
+  TORCH_CHECK_VALUE(t->dim() == 1 && t->size(0) == x.size(-1), op, ": ", name, " must be 1-D with x.shape[-1] = ",
+                    x.size(-1), " elements, got shape ", t->sizes());
+  TORCH_CHECK_VALUE(t->size(0) <= 1 || t->stride(0) == 1, op, ": ", name, " must be contiguous, got stride ",
+                    t->stride(0));
+  TORCH_CHECK_TYPE(t->scalar_type() == x.scalar_type() || t->scalar_type() == at::kFloat, op, ": ", name,
+                   " must have the dtype of x (", x.scalar_type(), ") or float32, got ", t->scalar_type());
 }
 
 }  // namespace transformer_kernels

@@ -39,19 +39,6 @@ NormType resolve_norm_type(const char* op, std::string_view norm) {
   TORCH_CHECK_VALUE(false, op, ": norm must be \"rms\" or \"layer\", got \"", norm, "\"");
 }
 
-// A per-feature parameter: [hidden], contiguous, x's dtype or float32 (norm weights are often
-// kept in fp32, e.g. under diffusers' layerwise casting).
-void check_param(const char* op, const OptTensor& t, const char* name, const at::Tensor& x) {
-  if (!t) return;
-  check_same_device(op, *t, name, x, "x");
-  TORCH_CHECK_VALUE(t->dim() == 1 && t->size(0) == x.size(-1), op, ": ", name, " must be 1-D with x.shape[-1] = ",
-                    x.size(-1), " elements, got shape ", t->sizes());
-  TORCH_CHECK_VALUE(t->size(0) <= 1 || t->stride(0) == 1, op, ": ", name, " must be contiguous, got stride ",
-                    t->stride(0));
-  TORCH_CHECK_TYPE(t->scalar_type() == x.scalar_type() || t->scalar_type() == at::kFloat, op, ": ", name,
-                   " must have the dtype of x (", x.scalar_type(), ") or float32, got ", t->scalar_type());
-}
-
 void check_same_param_dtype(const char* op, const OptTensor& weight, const OptTensor& bias) {
   if (weight && bias)
     TORCH_CHECK_TYPE(weight->scalar_type() == bias->scalar_type(), op, ": weight and bias must have one dtype, got ",
@@ -231,7 +218,7 @@ NormCall gated_call(const char* op, NormType type, const at::Tensor& x, const at
 RmsRounding check_rms_norm(const char* op, const at::Tensor& x, const OptTensor& weight, double eps,
                            std::string_view rounding) {
   check_row_input(op, x, "x");
-  check_param(op, weight, "weight", x);
+  check_norm_param(op, weight, "weight", x);
   check_eps(op, eps);
   return resolve_rms_rounding(op, rounding, x, weight);
 }
@@ -242,8 +229,8 @@ NormType check_modulated(const char* op, const at::Tensor& x, const at::Tensor& 
                          const OptTensor& weight, const OptTensor& bias, double eps, std::string_view norm) {
   check_row_input(op, x, "x");
   const NormType type = resolve_norm_type(op, norm);
-  check_param(op, weight, "weight", x);
-  check_param(op, bias, "bias", x);
+  check_norm_param(op, weight, "weight", x);
+  check_norm_param(op, bias, "bias", x);
   check_same_param_dtype(op, weight, bias);
   TORCH_CHECK_VALUE(type == NormType::kLayer || !bias, op, ": bias is only used with norm=\"layer\"");
   if (type == NormType::kRms && weight)
@@ -321,8 +308,8 @@ namespace {
 void check_layer_norm(const char* op, const at::Tensor& x, const OptTensor& weight, const OptTensor& bias,
                       double eps) {
   check_row_input(op, x, "x");
-  check_param(op, weight, "weight", x);
-  check_param(op, bias, "bias", x);
+  check_norm_param(op, weight, "weight", x);
+  check_norm_param(op, bias, "bias", x);
   check_same_param_dtype(op, weight, bias);
   check_eps(op, eps);
 }

@@ -30,18 +30,6 @@ at::Tensor grad_for(bool asked, const at::Tensor* like, const at::Tensor& x) {
                                   : not_asked(x);
 }
 
-// The norm's parameters as the forward takes them: [hidden], contiguous, x's dtype or float32.
-void check_param(const char* op, const OptTensor& t, const char* name, const at::Tensor& x) {
-  if (!t) return;
-  check_same_device(op, *t, name, x, "x");
-  TORCH_CHECK_VALUE(t->dim() == 1 && t->size(0) == x.size(-1), op, ": ", name, " must be 1-D with x.shape[-1] = ",
-                    x.size(-1), " elements, got shape ", t->sizes());
-  TORCH_CHECK_VALUE(t->size(0) <= 1 || t->stride(0) == 1, op, ": ", name, " must be contiguous, got stride ",
-                    t->stride(0));
-  TORCH_CHECK_TYPE(t->scalar_type() == x.scalar_type() || t->scalar_type() == at::kFloat, op, ": ", name,
-                   " must have the dtype of x (", x.scalar_type(), ") or float32, got ", t->scalar_type());
-}
-
 // An incoming gradient: x's device and shape, contiguous last dimension, one of `dtypes`.
 void check_grad(const char* op, const at::Tensor& g, const char* name, const at::Tensor& x, c10::ScalarType dtype,
                 c10::ScalarType alt_dtype) {
@@ -92,7 +80,7 @@ std::tuple<at::Tensor, at::Tensor> rms_backward(const char* op, const at::Tensor
                                                 const at::Tensor& x, const OptTensor& weight, double eps,
                                                 std::array<bool, 2> mask) {
   check_row_input(op, x, "x");
-  check_param(op, weight, "weight", x);
+  check_norm_param(op, weight, "weight", x);
   check_eps(op, eps);
   // hf / diffusers with an fp32 weight output fp32; torch's rounding outputs x's dtype
   check_grad(op, grad_out, "grad_out", x, x.scalar_type(), weight ? weight->scalar_type() : x.scalar_type());
@@ -113,8 +101,8 @@ NormBackwardType check_modulated(const char* op, const at::Tensor& x, const at::
                                  std::string_view norm) {
   check_row_input(op, x, "x");
   const NormBackwardType type = resolve_norm_type(op, norm);
-  check_param(op, weight, "weight", x);
-  check_param(op, bias, "bias", x);
+  check_norm_param(op, weight, "weight", x);
+  check_norm_param(op, bias, "bias", x);
   if (weight && bias)
     TORCH_CHECK_TYPE(weight->scalar_type() == bias->scalar_type(), op, ": weight and bias must have one dtype, got ",
                      weight->scalar_type(), " and ", bias->scalar_type());
@@ -149,8 +137,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward(const at::Ten
                                                                    double eps, std::array<bool, 3> output_mask) {
   constexpr const char* op = "layer_norm_backward";
   check_row_input(op, x, "x");
-  check_param(op, weight, "weight", x);
-  check_param(op, bias, "bias", x);
+  check_norm_param(op, weight, "weight", x);
+  check_norm_param(op, bias, "bias", x);
   if (weight && bias)
     TORCH_CHECK_TYPE(weight->scalar_type() == bias->scalar_type(), op, ": weight and bias must have one dtype, got ",
                      weight->scalar_type(), " and ", bias->scalar_type());

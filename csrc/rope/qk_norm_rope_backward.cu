@@ -14,6 +14,7 @@
 #include "common/checks.h"
 #include "common/dispatch.h"
 #include "rope/qk_norm_rope_backward.cuh"
+#include "rope/rope_sources.h"
 
 namespace transformer_kernels {
 namespace {
@@ -171,16 +172,6 @@ QkGrads run_qk_backward(const char* op, const at::Tensor& grad_q, const at::Tens
   return {mask[0] ? dq : empty_tensor({0}, q.options()), mask[1] ? dk : empty_tensor({0}, q.options()), dqw, dkw};
 }
 
-auto tables(const at::Tensor& cos, const at::Tensor& sin) {
-  return [&cos, &sin](auto& p) {
-    using Table = std::remove_const_t<std::remove_pointer_t<decltype(p.cos)>>;
-    p.cos = static_cast<const Table*>(cos.const_data_ptr());
-    p.sin = static_cast<const Table*>(sin.const_data_ptr());
-    p.table_b = cos.size(0) == 1 ? 0 : cos.stride(0);
-    p.table_s = cos.stride(1);
-  };
-}
-
 }  // namespace
 
 QkGrads qk_norm_rope_backward(const at::Tensor& grad_q_out, const at::Tensor& grad_k_out, const at::Tensor& q,
@@ -190,7 +181,7 @@ QkGrads qk_norm_rope_backward(const at::Tensor& grad_q_out, const at::Tensor& gr
   check_qk_backward(op, false, grad_q_out, grad_k_out, q, k, q_weight, k_weight, eps, false);
   check_backward_tables(op, cos, sin, q, at::kFloat, "diffusers computes the rotary tables in float32");
   return run_qk_backward<false, CosSinSource::kTables>(op, grad_q_out, grad_k_out, q, k, q_weight, k_weight, eps,
-                                                       output_mask, tables(cos, sin));
+                                                       output_mask, from_tables(cos, sin));
 }
 
 QkGrads hf_qk_norm_rope_backward(const at::Tensor& grad_q_out, const at::Tensor& grad_k_out, const at::Tensor& q,
@@ -201,7 +192,7 @@ QkGrads hf_qk_norm_rope_backward(const at::Tensor& grad_q_out, const at::Tensor&
   check_qk_backward(op, false, grad_q_out, grad_k_out, q, k, q_weight, k_weight, eps, true);
   check_backward_tables(op, cos, sin, q, q.scalar_type(), "transformers builds cos/sin in the model dtype");
   return run_qk_backward<true, CosSinSource::kTables>(op, grad_q_out, grad_k_out, q, k, q_weight, k_weight, eps,
-                                                      output_mask, tables(cos, sin));
+                                                      output_mask, from_tables(cos, sin));
 }
 
 QkGrads ltx_qk_norm_rope_from_coords_backward(const at::Tensor& grad_q_out, const at::Tensor& grad_k_out,
@@ -211,13 +202,7 @@ QkGrads ltx_qk_norm_rope_from_coords_backward(const at::Tensor& grad_q_out, cons
   constexpr const char* op = "ltx_qk_norm_rope_from_coords_backward";
   check_qk_backward(op, true, grad_q_out, grad_k_out, q, k, q_weight, k_weight, eps, false);
   check_backward_coords(op, grid, freqs, q);
-  LtxCoords coords;
-  coords.grid = grid.const_data_ptr<float>();
-  coords.grid_b = grid.size(0) == 1 ? 0 : grid.stride(0);
-  coords.grid_s = grid.stride(1);
-  coords.grid_c = grid.stride(2);
-  coords.freqs = freqs.const_data_ptr<float>();  // never read when C < 6 (no angles)
-  coords.pad_pairs = static_cast<int>(q.size(-1) % 6 / 2);
+  const LtxCoords coords = ltx_coords(grid, freqs, q.size(-1));
   return run_qk_backward<false, CosSinSource::kLtxCoords>(op, grad_q_out, grad_k_out, q, k, q_weight, k_weight, eps,
                                                           output_mask, [&coords](auto& p) { p.coords = coords; });
 }

@@ -15,6 +15,7 @@
 #include "common/dispatch.h"
 #include "rope/qk_norm_rope.cuh"
 #include "rope/rope.cuh"
+#include "rope/rope_sources.h"
 
 namespace transformer_kernels {
 namespace {
@@ -351,29 +352,6 @@ void check_qk_outputs(const char* op, const at::Tensor& q_out, const at::Tensor&
                  {{&q, "q"}, {&k, "k"}, {&q_weight, "q_weight"}, {&k_weight, "k_weight"}, {&cos, "cos"}, {&sin, "sin"}},
                  "q");
   check_no_overlap(op, k_out, "k_out", q_out, "q_out");
-}
-
-// Fills the cos/sin source of QkNormRopeParams: full-width tables cos, sin [B or 1, S, L].
-auto from_tables(const at::Tensor& cos, const at::Tensor& sin) {
-  return [&cos, &sin](auto& p) {
-    using Table = std::remove_const_t<std::remove_pointer_t<decltype(p.cos)>>;
-    p.cos = static_cast<const Table*>(cos.const_data_ptr());
-    p.sin = static_cast<const Table*>(sin.const_data_ptr());
-    p.table_b = cos.size(0) == 1 ? 0 : cos.stride(0);
-    p.table_s = cos.stride(1);
-  };
-}
-
-// LTX's coordinates for rows of width C: grid [B or 1, S, 3] (any strides), freqs [C / 6].
-LtxCoords ltx_coords(const at::Tensor& grid, const at::Tensor& freqs, int64_t width) {
-  LtxCoords c;
-  c.grid = grid.const_data_ptr<float>();
-  c.grid_b = grid.size(0) == 1 ? 0 : grid.stride(0);
-  c.grid_s = grid.stride(1);
-  c.grid_c = grid.stride(2);
-  c.freqs = freqs.const_data_ptr<float>();  // never read when C < 6 (no angles)
-  c.pad_pairs = static_cast<int>(width % 6 / 2);
-  return c;
 }
 
 // kSource: tables (set_cos_sin = from_tables) or LTX's coordinates (set_cos_sin sets p.coords).
