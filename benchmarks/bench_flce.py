@@ -13,9 +13,6 @@ Shapes: vocabulary 128256 (Llama 3), hidden 2048 (Llama-3.2-1B) and 4096 (Llama-
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
-import json
-import re
 import sys
 from pathlib import Path
 from typing import Callable
@@ -23,7 +20,7 @@ from typing import Callable
 import torch
 
 sys.path[:0] = [str(Path(__file__).resolve().parent.parent), str(Path(__file__).resolve().parent.parent / "integration")]
-from benchmarks.harness import environment, time_ms  # noqa: E402
+from benchmarks.harness import environment, result_stem, time_ms, write_result  # noqa: E402
 from reference.loss import eager_causal_lm_loss  # noqa: E402
 from transformer_kernels_integrations.loading import load_kernel, use_local_build  # noqa: E402
 
@@ -116,12 +113,7 @@ def main() -> None:
     if skipped:
         lines += ["", "Not run:", ""] + [f"- {s}" for s in skipped]
     md = "\n".join(lines) + "\n"
-    gpu = re.sub(r"[^a-z0-9]+", "-", env["gpu"].lower()).strip("-")
-    stem = f"flce-{gpu}-{_dt.date.today().isoformat()}"
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{stem}.json").write_text(json.dumps({"env": env, "results": rows, "skipped": skipped}, indent=1) + "\n")
-    (args.out / f"{stem}.md").write_text(md)
-    print(md)
+    write_result(args.out, result_stem("flce", env), {"env": env, "results": rows, "skipped": skipped}, md)
 
 
 if __name__ == "__main__":

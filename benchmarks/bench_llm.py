@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import datetime as _dt
 import gc
 import io
 import json
@@ -46,7 +45,7 @@ from pathlib import Path
 import torch
 
 sys.path[:0] = [str(Path(__file__).resolve().parent.parent), str(Path(__file__).resolve().parent.parent / "integration")]
-from benchmarks.harness import build_line, copy_gbps, environment, wall_time_s  # noqa: E402
+from benchmarks.harness import build_line, copy_gbps, environment, result_stem, wall_time_s  # noqa: E402
 from transformer_kernels_integrations.loading import load_kernel, use_local_build  # noqa: E402
 
 LLAMA_31_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
@@ -244,8 +243,7 @@ def main() -> None:
     copy = copy_gbps()
     results = []
     env = environment()
-    gpu = re.sub(r"[^a-z0-9]+", "-", env["gpu"].lower()).strip("-")
-    stem = f"llm-llama8b-{gpu}-{_dt.date.today().isoformat()}"
+    stem = result_stem("llm-llama8b", env)
     args.out.mkdir(parents=True, exist_ok=True)
     for mode in args.modes:
         if args.isolate:

@@ -19,9 +19,6 @@ Writes ltx-<gpu>-<date>.json and .md into --out.
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
-import json
-import re
 import sys
 import time
 from pathlib import Path
@@ -31,7 +28,7 @@ import torch
 from tqdm import tqdm
 
 sys.path[:0] = [str(Path(__file__).resolve().parent.parent), str(Path(__file__).resolve().parent.parent / "integration")]
-from benchmarks.harness import build_line, environment  # noqa: E402
+from benchmarks.harness import args_record, build_line, environment, result_stem, write_result  # noqa: E402
 from transformer_kernels_integrations.loading import load_kernel, use_local_build  # noqa: E402
 
 VAE_SPATIAL, VAE_TEMPORAL, LATENT_CHANNELS = 32, 8, 128  # LTX-Video's VAE compression
@@ -249,14 +246,9 @@ def main() -> None:
         lines.append(f"| {who} | {mode} | {r['step_ms_mean']:.1f} | {speed} | {vs_same} | {r['peak_memory_gb']:.1f} "
                      f"| {kernels} | {idle} |")
     md = "\n".join(lines) + "\n"
-    gpu = re.sub(r"[^a-z0-9]+", "-", env["gpu"].lower()).strip("-")
     kind = "ltx-pipeline" if args.pipeline else "ltx"
-    stem = f"{kind}-{args.model_size}-{args.num_frames}f-{gpu}-{_dt.date.today().isoformat()}"
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{stem}.json").write_text(json.dumps({"env": env, "args": {k: str(v) for k, v in vars(args).items()},
-                                                       "results": results}, indent=1) + "\n")
-    (args.out / f"{stem}.md").write_text(md)
-    print(md)
+    stem = result_stem(f"{kind}-{args.model_size}-{args.num_frames}f", env)
+    write_result(args.out, stem, {"env": env, "args": args_record(args), "results": results}, md)
 
 
 if __name__ == "__main__":

@@ -9,8 +9,6 @@ Writes micro-<gpu>-<date>.json and .md (see benchmarks/harness.py for the method
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
-import re
 import sys
 from pathlib import Path
 from typing import Callable, Iterator
@@ -21,7 +19,7 @@ from tqdm import tqdm
 
 sys.path[:0] = [str(Path(__file__).resolve().parent.parent), str(Path(__file__).resolve().parent.parent / "integration")]
 from benchmarks import harness  # noqa: E402
-from benchmarks.harness import Case, Report, copy_gbps, environment  # noqa: E402
+from benchmarks.harness import Case, Report, copy_gbps, environment, result_stem  # noqa: E402
 from transformer_kernels_integrations.loading import load_kernel, use_local_build  # noqa: E402
 from reference.activations import eager_act_and_mul, eager_act_mul, eager_activation, eager_gated_add  # noqa: E402
 from reference.rope import (  # noqa: E402
@@ -735,8 +733,7 @@ def main() -> None:
     torch._dynamo.config.accumulated_recompile_limit = 4096
     report = Report(environment(), copy_gbps())
     print(f"{report.env['gpu']}: device-to-device copy {report.copy_gbps:.0f} GB/s")
-    gpu = re.sub(r"[^a-z0-9]+", "-", report.env["gpu"].lower()).strip("-")
-    stem = f"micro-{gpu}-{_dt.date.today().isoformat()}" + ("-read-flush" if args.flush == "read" else "")
+    stem = result_stem("micro", report.env, "-read-flush" if args.flush == "read" else "")
     for op in args.ops:
         for case in tqdm(OPS[op](tk, args.quick), desc=op):
             report.run(case)

@@ -16,9 +16,6 @@ on one model (inject patches it in place; dynamo is reset between the compiled m
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
-import json
-import re
 import sys
 import time
 from pathlib import Path
@@ -27,7 +24,7 @@ from typing import Callable
 import torch
 
 sys.path[:0] = [str(Path(__file__).resolve().parent.parent), str(Path(__file__).resolve().parent.parent / "integration")]
-from benchmarks.harness import environment, wall_time_s  # noqa: E402
+from benchmarks.harness import args_record, environment, result_stem, wall_time_s, write_result  # noqa: E402
 from transformer_kernels_integrations.loading import load_kernel, use_local_build  # noqa: E402
 
 # stabilityai/stable-diffusion-xl-base-1.0, unet/config.json
@@ -198,13 +195,8 @@ def main() -> None:
         results += time_modes("VAE decode", vae, vae_decode(vae, args), args.modes, args)
     env = environment()
     md = markdown(env, args, results)
-    gpu = re.sub(r"[^a-z0-9]+", "-", env["gpu"].lower()).strip("-")
-    stem = f"sd-{args.model}{'-cl' if args.channels_last else ''}-{gpu}-{_dt.date.today().isoformat()}"
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{stem}.json").write_text(json.dumps({"env": env, "args": {k: str(v) for k, v in vars(args).items()},
-                                                       "results": results}, indent=1) + "\n")
-    (args.out / f"{stem}.md").write_text(md)
-    print(md)
+    stem = result_stem(f"sd-{args.model}{'-cl' if args.channels_last else ''}", env)
+    write_result(args.out, stem, {"env": env, "args": args_record(args), "results": results}, md)
 
 
 if __name__ == "__main__":

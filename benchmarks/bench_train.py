@@ -18,9 +18,7 @@ else a minimal adapter module), seconds per step and peak memory. Writes train-<
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
-import re
 import subprocess
 import sys
 import time
@@ -30,7 +28,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "integration")]
-from benchmarks.harness import environment  # noqa: E402
+from benchmarks.harness import args_record, environment, result_stem, write_result  # noqa: E402
 from transformer_kernels_integrations.loading import load_kernel, use_local_build  # noqa: E402
 
 LLAMA_32_1B = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
@@ -242,12 +240,8 @@ def main() -> None:
     md = (markdown_ltx if args.ltx_lora else markdown_llama)(results, env, args)
     if failed:
         md += "\nNot run:\n\n" + "".join(f"- {f}\n" for f in failed)
-    gpu = re.sub(r"[^a-z0-9]+", "-", env["gpu"].lower()).strip("-")
-    stem = f"train-{'ltx-lora' if args.ltx_lora else 'llama1b'}-{gpu}-{_dt.date.today().isoformat()}"
-    (args.out / f"{stem}.json").write_text(json.dumps({"env": env, "args": {k: str(v) for k, v in vars(args).items()},
-                                                       "results": results, "failed": failed}, indent=1) + "\n")
-    (args.out / f"{stem}.md").write_text(md)
-    print(md)
+    stem = result_stem(f"train-{'ltx-lora' if args.ltx_lora else 'llama1b'}", env)
+    write_result(args.out, stem, {"env": env, "args": args_record(args), "results": results, "failed": failed}, md)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import platform
+import re
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -168,6 +169,25 @@ def environment() -> dict:
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "l2_flush": L2_FLUSH,
     }
+
+
+def result_stem(kind: str, env: dict, suffix: str = "") -> str:
+    """The file stem of a result of record: ``<kind>-<gpu>-<date><suffix>`` (gpu in lower case, dashed)."""
+    gpu = re.sub(r"[^a-z0-9]+", "-", env["gpu"].lower()).strip("-")
+    return f"{kind}-{gpu}-{_dt.date.today().isoformat()}{suffix}"
+
+
+def write_result(out: Path, stem: str, record: dict, md: str) -> None:
+    """Writes ``out/<stem>.json`` (the record) and ``out/<stem>.md``, and prints the markdown."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(record, indent=1) + "\n")
+    (out / f"{stem}.md").write_text(md)
+    print(md)
+
+
+def args_record(args) -> dict[str, str]:
+    """A run's command-line arguments as strings, for its JSON record."""
+    return {k: str(v) for k, v in vars(args).items()}
 
 
 @dataclass

@@ -12,7 +12,6 @@ Writes profile-<gpu>-<date>.md into --out.
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import re
 import sys
 import time
@@ -24,7 +23,7 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path[:0] = [str(Path(__file__).resolve().parent.parent), str(Path(__file__).resolve().parent.parent / "integration")]
 from benchmarks import bench_llm, bench_ltx  # noqa: E402
-from benchmarks.harness import build_line, environment  # noqa: E402
+from benchmarks.harness import build_line, environment, result_stem  # noqa: E402
 from transformer_kernels_integrations.loading import load_kernel, use_local_build  # noqa: E402
 
 # Kernel name -> class; first match wins.
@@ -147,9 +146,8 @@ def main() -> None:
     env = environment()
     lines = [f"# End-to-end profiles: {env['gpu']}", "", f"torch {env['torch']}, CUDA {env['cuda']}, {env['date']}. "
              "torch.profiler, one profiled run after warm-up; random weights.", "", build_line(env), ""]
-    gpu = re.sub(r"[^a-z0-9]+", "-", env["gpu"].lower()).strip("-")
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"profile-{gpu}-{_dt.date.today().isoformat()}.md"
+    path = args.out / f"{result_stem('profile', env)}.md"
     for section in (profile_llm, None if args.skip_ltx else profile_ltx):
         if section is not None:
             lines += section(args)
