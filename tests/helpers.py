@@ -112,3 +112,15 @@ def randomize_norm_weights(model):
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.uniform_(0.5, 1.5)
+
+
+def rope_magnitude(x, cos, sin, style):
+    """|x_i| |cos_i| + |x_partner| |sin_i| (the terms that are rounded), |x| where x passes through."""
+    x64, c, s = x.double().abs(), cos.double().abs(), sin.double().abs()
+    r = c.shape[-1]
+    xr = x64[..., :r]
+    if style == "neox":
+        partner = torch.cat((xr[..., r // 2:], xr[..., : r // 2]), dim=-1)
+    else:
+        partner = xr.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
+    return torch.cat((xr * c + partner * s, x64[..., r:]), dim=-1) + 1e-3

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import properties as P
-from helpers import assert_within
+from helpers import assert_within, rope_magnitude
 from reference.norms import rms_norm_float64
 from reference.rope import (
     diffusers_interleaved_rotary,
@@ -28,18 +28,6 @@ from reference.rope import (
 )
 
 KERNEL_EXAMPLES = {"hf": 300, "cached": 200, "interleaved": 150, "qk_norm": 200, "hf_qk_norm": 200, "ltx_coords": 150}
-
-
-def rope_magnitude(x, cos, sin, style):
-    """|x_i| |cos_i| + |x_partner| |sin_i| (the terms that are rounded), |x| where x passes through."""
-    x64, c, s = x.double().abs(), cos.double().abs(), sin.double().abs()
-    r = c.shape[-1]
-    xr = x64[..., :r]
-    if style == "neox":
-        partner = torch.cat((xr[..., r // 2:], xr[..., : r // 2]), dim=-1)
-    else:
-        partner = xr.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
-    return torch.cat((xr * c + partner * s, x64[..., r:]), dim=-1) + 1e-3
 
 
 def rms64_then(x, w, eps):

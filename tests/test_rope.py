@@ -16,6 +16,7 @@ from helpers import (
     assert_within,
     poisoned,
     random_input,
+    rope_magnitude,
     with_poisoned_outputs,
 )
 from reference.norms import rms_norm_float64
@@ -32,18 +33,6 @@ from reference.rope import (
 )
 
 pytestmark = pytest.mark.gpu
-
-
-def rope_magnitude(x, cos, sin, style):
-    """|x_i| |cos_i| + |x_partner| |sin_i| (the terms that are rounded), |x| where x passes through."""
-    x64, c, s = x.double().abs(), cos.double().abs(), sin.double().abs()
-    r = c.shape[-1]
-    xr = x64[..., :r]
-    if style == "neox":
-        partner = torch.cat((xr[..., r // 2:], xr[..., : r // 2]), dim=-1)
-    else:
-        partner = xr.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
-    return torch.cat((xr * c + partner * s, x64[..., r:]), dim=-1) + 1e-3
 
 
 def hf_cos_sin(B, S, rotary_dim, dtype, theta=500000.0):
