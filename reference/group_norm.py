@@ -80,6 +80,29 @@ def ambiguous_statistics(x, num_groups, eps=1e-5, bias_nc=None) -> torch.Tensor:
     return straddles(mean, tol_mean) | straddles(rstd, tol_rstd)
 
 
+def aten_rounds_statistics() -> bool:
+    """Whether the installed torch's CUDA F.group_norm rounds each group's mean and rstd to x's dtype
+    (torch <= 2.12; 2.13 on keep them fp32), as the kernel built against it does (group_norm.cu)."""
+    major, minor = (int(v) for v in torch.__version__.split("+")[0].split(".")[:2])
+    return (major, minor) <= (2, 12)
+
+
+def statistics_rounding_magnitude(x, num_groups, weight=None, eps=1e-5, bias_nc=None) -> torch.Tensor:
+    """Per element, |mean| * rstd * |w| in float64: what rounding a group's mean to x's 16-bit dtype
+    shifts an output by, in units of that dtype's unit roundoff. It dwarfs the output where a
+    group's spread is tiny next to its mean (groups of a few elements). Zero where the statistics
+    stay fp32 (fp32 x, or a torch that keeps them fp32)."""
+    h = add_time_embedding(x, bias_nc)
+    if h.dtype == torch.float32 or not aten_rounds_statistics() or h.numel() == 0:
+        return torch.zeros(h.shape, dtype=torch.float64, device=h.device)
+    n = h.shape[0]
+    g = h.double().reshape(n, num_groups, -1)
+    mean = g.mean(-1, keepdim=True)
+    rstd = ((g - mean).pow(2).mean(-1, keepdim=True) + eps).rsqrt()
+    m = (mean.abs() * rstd).expand_as(g).reshape(h.shape)
+    return m if weight is None else m * channel_view(weight.double().abs(), h)
+
+
 def group_mask(mask: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """An [N, G] mask spread over x's [N, C, *spatial] elements (each group's channels)."""
     n, groups = mask.shape

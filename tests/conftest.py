@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import process_guard
 from cuda_poison import poison_cuda_cache
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,6 +44,8 @@ def pytest_configure(config):
     # registered here too: the Nix runner has no pytest.ini
     config.addinivalue_line("markers", "kernels_ci: run by kernel-builder's Nix CI (nix run .#ci-test)")
     config.addinivalue_line("markers", "gpu: needs an NVIDIA GPU (skipped elsewhere, with the reason)")
+    if not config.pluginmanager.has_plugin("process_guard"):
+        config.pluginmanager.register(process_guard, "process_guard")
 
 
 def pytest_ignore_collect(collection_path, config):
@@ -136,7 +139,7 @@ def poison_outputs(request):
     Opt out with @pytest.mark.no_poison (tests that size memory themselves, e.g. the large ones), or
     for a whole run with TK_NO_POISON=1."""
     if (not HAS_GPU or os.environ.get("TK_NO_POISON") == "1" or request.node.get_closest_marker("gpu") is None
-            or request.node.get_closest_marker("no_poison")):
+            or request.node.get_closest_marker("no_poison") or process_guard.runs_in_child(request.node)):
         yield
         return
     segments = poison_cuda_cache()
