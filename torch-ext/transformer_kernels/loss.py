@@ -127,6 +127,9 @@ def _setup_context(ctx, inputs, output):
     hidden, weight, target, bias, ignore_index, reduction, label_smoothing, softcap, compute_grads, chunk_rows = inputs
     _, grad_hidden, grad_weight, grad_bias = output
     ctx.mark_non_differentiable(grad_hidden, grad_weight, grad_bias)
+    # The gradient outputs never receive a gradient: without this, autograd would hand the backward
+    # zeros of their shapes (another [N, H] and [V, H] at the backward's peak) that it ignores.
+    ctx.set_materialize_grads(False)
     needed = [hidden.requires_grad, weight.requires_grad, bias is not None and bias.requires_grad]
     ctx.precomputed = reduction != "none"
     ctx.args = (ignore_index, reduction, label_smoothing, softcap, chunk_rows)
@@ -146,6 +149,8 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, grad_loss, _grad_hidden, _grad_weight, _grad_bias):
     needs = ctx.needs_input_grad
+    if grad_loss is None:  # not materialized (set_materialize_grads(False)): nothing reached the loss
+        return (None,) * 10
     if ctx.precomputed:
         # The gradients of loss = 1, computed in the forward: scaled by the incoming gradient, in
         # place on eager tensors (no second [V, H] buffer), out of place on traced ones

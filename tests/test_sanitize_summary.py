@@ -1,0 +1,87 @@
+"""scripts/sanitize.sh's attribution of compute-sanitizer errors to kernels (tests/sanitize/summarize.py),
+on logs in compute-sanitizer's formats with planted errors: one in a kernel of ours is counted as
+ours and fails the verdict; library kernels' errors are listed by name and do not."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "sanitize"))
+
+import summarize  # noqa: E402
+
+OURS = "void transformer_kernels::rms_norm_kernel<__nv_bfloat16, 8>"
+MEMCHECK_OURS = f"""========= COMPUTE-SANITIZER
+driver: 3 calls (1 entries, 1 dtypes, cases small); op namespace _transformer_kernels_cuda_abc1234
+========= Invalid __global__ write of size 2 bytes
+=========     at {OURS}(const __nv_bfloat16 *, __nv_bfloat16 *, int)+0x1f0 in /work/csrc/norm/norm_kernel.cuh:201
+=========     by thread (5,0,0) in block (0,0,0)
+=========     Address 0x7f0000001000 is out of bounds
+=========     Saved host backtrace up to driver entry point at kernel launch time
+=========         Host Frame: [0x2f1a3] in libcuda.so.1
+=========
+========= Program hit cudaErrorLaunchFailure (error 719) due to "unspecified launch failure" on CUDA API call to cudaDeviceSynchronize.
+=========     Saved host backtrace up to driver entry point at error
+=========         Host Frame: [0x2f1a3] in libcuda.so.1
+=========
+driver: 3 calls in 2 s, 0 failures
+========= ERROR SUMMARY: 2 errors
+"""
+INITCHECK_LIBRARY = """========= COMPUTE-SANITIZER
+driver: 3 calls (1 entries, 1 dtypes, cases small); op namespace _transformer_kernels_cuda_abc1234
+========= Uninitialized __global__ memory read of size 4 bytes
+=========     at nvjet_sm90_tst_128x128_64x4_2x1_v_bz_splitK_TNT+0x2a0
+=========     by thread (0,0,0) in block (3,0,0)
+=========
+========= Uninitialized __global__ memory read of size 4 bytes
+=========     at nvjet_sm90_tst_128x128_64x4_2x1_v_bz_splitK_TNT+0x2b0
+=========     by thread (1,0,0) in block (3,0,0)
+=========
+driver: 3 calls in 2 s, 0 failures
+========= ERROR SUMMARY: 2 errors
+"""
+RACECHECK_OURS = f"""driver: 3 calls (1 entries, 1 dtypes, cases small); op namespace _transformer_kernels_cuda_abc1234
+========= Error: Race reported between Write access at {OURS}(const __nv_bfloat16 *, __nv_bfloat16 *, int)+0x300 in /work/csrc/common/reduce.cuh:40
+=========     and Read access at {OURS}(const __nv_bfloat16 *, __nv_bfloat16 *, int)+0x340 in /work/csrc/common/reduce.cuh:44 [64 hazards]
+=========
+driver: 3 calls in 2 s, 0 failures
+========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)
+"""
+
+
+def test_an_error_in_our_kernel_is_ours_and_fails():
+    entry = summarize.summarize_tool(MEMCHECK_OURS)
+    # the host API error that follows has no kernel: it is left unattributed, which also fails the verdict
+    assert entry["errors_by_kernel"] == {OURS: 1}
+    assert entry["errors"] == 2 and entry["errors_in_our_kernels"] == 1
+    assert not summarize.tool_is_clean(entry)
+
+
+def test_library_errors_are_listed_and_pass():
+    entry = summarize.summarize_tool(INITCHECK_LIBRARY)
+    assert entry["errors_by_kernel"] == {"nvjet_sm90_tst_128x128_64x4_2x1_v_bz_splitK_TNT": 2}
+    assert entry["errors_in_our_kernels"] == 0 and summarize.tool_is_clean(entry)
+
+
+def test_a_race_in_our_kernel_is_ours():
+    entry = summarize.summarize_tool(RACECHECK_OURS)
+    assert entry["errors"] == 1 and entry["errors_by_kernel"] == {OURS: 1}
+    assert not summarize.tool_is_clean(entry)
+
+
+def test_an_unfinished_or_failing_driver_is_not_clean():
+    assert not summarize.tool_is_clean(summarize.summarize_tool(INITCHECK_LIBRARY, rc="124"))
+    failing = INITCHECK_LIBRARY.replace("0 failures", "2 failures")
+    assert not summarize.tool_is_clean(summarize.summarize_tool(failing))
+    assert not summarize.tool_is_clean(summarize.summarize_tool("no driver output at all"))
+
+
+def test_planted_self_check():
+    ours = summarize.PLANTED_OURS
+    lib = summarize.PLANTED_LIBRARY
+    one = lambda name: (f"========= Invalid __global__ write of size 4 bytes\n=========     at {name}(float *, int)+0x70 "
+                        f"in /t/planted.cu:11\n=========     by thread (0,0,0) in block (0,0,0)\n=========\n")
+    assert summarize.check_planted(one(ours) + "========= ERROR SUMMARY: 1 error\n",
+                                   one(ours) + one(lib) + "========= ERROR SUMMARY: 2 errors\n") == []
+    # a filter that let nothing through, or let the library kernel through, is caught
+    assert summarize.check_planted("========= ERROR SUMMARY: 0 errors\n", one(ours) + one(lib))
+    assert summarize.check_planted(one(ours) + one(lib), one(ours) + one(lib))
