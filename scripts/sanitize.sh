@@ -90,20 +90,27 @@ driver=("$PYTHON" tests/sanitize/driver.py)
 OURS=(--kernel-name kns=transformer_kernels)
 GEMMS=(--kernel-name kns=gemm --kernel-name kns=cutlass)
 declare -A OPTIONS=(
-  [memcheck]="--padding 512"
-  [racecheck]="--racecheck-report all"
+  [memcheck]="--padding 512 --print-limit 200"
+  [racecheck]="--racecheck-report all --print-limit 200"
   [initcheck]="--print-limit 100000"
-  [synccheck]=""
+  [synccheck]="--print-limit 200"
 )
+# racecheck leaves out linear_gelu: cuBLASLt's fp16/bf16 GEMMs end in "Internal Sanitizer Error: failed
+# to handle a hardware exception" and an illegal address under racecheck even when only our kernels are
+# instrumented (H200, 2026-12-02), and linear_gelu has no kernel of ours but the GELU fallback, which the
+# activation entries check.
+declare -A SKIP=([racecheck]="^linear_gelu")
 
 # Self-check of the filter and the attribution: a planted out-of-bounds write in a kernel of our
 # namespace and one outside it (tests/sanitize/planted.cu), under memcheck with our filter and without.
 selfcheck_rc=1
 if nvcc -std=c++17 -arch=native -o "$OUT_DIR/planted" tests/sanitize/planted.cu > "$OUT_DIR/planted-build.log" 2>&1; then
-  "$SANITIZER" --tool memcheck ${OPTIONS[memcheck]} "${OURS[@]}" "${GEMMS[@]}" --print-limit 200 "$OUT_DIR/planted" \
-    > "$OUT_DIR/planted-filtered.log" 2>&1
-  "$SANITIZER" --tool memcheck ${OPTIONS[memcheck]} --print-limit 200 "$OUT_DIR/planted" > "$OUT_DIR/planted-unfiltered.log" 2>&1
-  "$PYTHON" tests/sanitize/summarize.py --planted "$OUT_DIR/planted-filtered.log" "$OUT_DIR/planted-unfiltered.log" \
+  "$SANITIZER" --tool memcheck ${OPTIONS[memcheck]} "${OURS[@]}" "${GEMMS[@]}" "$OUT_DIR/planted" ours \
+    > "$OUT_DIR/planted-ours-filtered.log" 2>&1
+  "$SANITIZER" --tool memcheck ${OPTIONS[memcheck]} "${OURS[@]}" "${GEMMS[@]}" "$OUT_DIR/planted" library \
+    > "$OUT_DIR/planted-library-filtered.log" 2>&1
+  "$SANITIZER" --tool memcheck ${OPTIONS[memcheck]} "$OUT_DIR/planted" library > "$OUT_DIR/planted-library-unfiltered.log" 2>&1
+  "$PYTHON" tests/sanitize/summarize.py --planted "$OUT_DIR"/planted-{ours-filtered,library-filtered,library-unfiltered}.log \
     | tee "$OUT_DIR/planted-check.txt"
   selfcheck_rc=${PIPESTATUS[0]}
   rm -f "$OUT_DIR/planted"
@@ -118,8 +125,10 @@ for tool in "${TOOLS[@]}"; do
   [ "$tool" = initcheck ] && filter=()
   start=$(date +%s)
   # shellcheck disable=SC2086
-  timeout "$TIMEOUT" "$SANITIZER" --tool "$tool" ${OPTIONS[$tool]} "${filter[@]}" --print-limit 200 \
-    --error-exitcode 99 "${driver[@]}" > "$log" 2>&1
+  skip=()
+  [ -n "${SKIP[$tool]:-}" ] && skip=(--skip-entries "${SKIP[$tool]}")
+  timeout "$TIMEOUT" "$SANITIZER" --tool "$tool" ${OPTIONS[$tool]} "${filter[@]}" \
+    --error-exitcode 99 "${driver[@]}" "${skip[@]}" > "$log" 2>&1
   echo "$? $(( $(date +%s) - start ))" > "$OUT_DIR/$tool.rc"
   echo "$tool: $(grep -Eo '(ERROR|RACECHECK) SUMMARY: .*' "$log" | tail -2 | tr '\n' ' ')(rc $(cut -d' ' -f1 "$OUT_DIR/$tool.rc"))"
 done

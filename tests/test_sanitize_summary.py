@@ -76,12 +76,23 @@ def test_an_unfinished_or_failing_driver_is_not_clean():
 
 
 def test_planted_self_check():
-    ours = summarize.PLANTED_OURS
-    lib = summarize.PLANTED_LIBRARY
-    one = lambda name: (f"========= Invalid __global__ write of size 4 bytes\n=========     at {name}(float *, int)+0x70 "
-                        f"in /t/planted.cu:11\n=========     by thread (0,0,0) in block (0,0,0)\n=========\n")
-    assert summarize.check_planted(one(ours) + "========= ERROR SUMMARY: 1 error\n",
-                                   one(ours) + one(lib) + "========= ERROR SUMMARY: 2 errors\n") == []
-    # a filter that let nothing through, or let the library kernel through, is caught
-    assert summarize.check_planted("========= ERROR SUMMARY: 0 errors\n", one(ours) + one(lib))
-    assert summarize.check_planted(one(ours) + one(lib), one(ours) + one(lib))
+    ours, lib = summarize.PLANTED_OURS, summarize.PLANTED_LIBRARY
+    one = lambda name: (f"========= Invalid __global__ write of size 4 bytes\n=========     at {name}(float *, int)+0x70\n"
+                        f"=========     by thread (0,0,0) in block (0,0,0)\n=========\n"
+                        "========= Program hit cudaErrorLaunchFailure (error 719) on CUDA API call to cudaDeviceSynchronize.\n"
+                        "=========     Saved host backtrace up to driver entry point at error\n"
+                        "=========         Host Frame: main [0x8d3a] in planted\n=========\n"
+                        "========= ERROR SUMMARY: 2 errors\n")
+    none = "========= ERROR SUMMARY: 0 errors\n"
+    assert summarize.check_planted(one(ours), none, one(lib)) == []
+    # a filter that lets nothing through, or lets the library kernel through, is caught
+    assert summarize.check_planted(none, none, one(lib))
+    assert summarize.check_planted(one(ours), one(lib), one(lib))
+
+
+def test_internal_sanitizer_error_is_unattributed():
+    log = ("========= Internal Sanitizer Error: The Sanitizer failed to handle a hardware exception.\n=========\n"
+           "  EXCEPTION: linear_gelu small torch.float16: AcceleratorError\n"
+           f"========= Invalid __global__ read of size 2 bytes\n=========     at {OURS}(int)+0x10\n"
+           "========= ERROR SUMMARY: 2 errors\n")
+    assert summarize.errors_by_kernel(log) == {OURS: 1}

@@ -6,8 +6,9 @@ that made it (each call is announced on stdout first).
     python tests/sanitize/driver.py [--dtypes float32,float16,bfloat16] [--cases small,odd,...]
                                     [--entries REGEX]
 
-Exits 1 if a call raised or left an out= element unwritten (NaN); the sanitizer's own findings
-are in its report (ERROR SUMMARY)."""
+Exits 1 if a call raised or left an out= element unwritten (NaN), and stops at a call after which
+the CUDA context is unusable (naming it); the sanitizer's own findings are in its report (ERROR
+SUMMARY)."""
 
 import argparse
 import re
@@ -22,6 +23,7 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT), str(ROOT / "integration")]
 import torch  # noqa: E402
 
 import op_catalog as oc  # noqa: E402
+from process_guard import cuda_context_error  # noqa: E402
 from transformer_kernels_integrations.loading import load_kernel, use_local_build  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -32,11 +34,13 @@ def main() -> int:
     parser.add_argument("--dtypes", default=",".join(DTYPES))
     parser.add_argument("--cases", default=",".join(oc.CASES))
     parser.add_argument("--entries", default=".", help="regex on the catalog entry names")
+    parser.add_argument("--skip-entries", default=None, help="regex on the catalog entry names to leave out")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     dtypes = [DTYPES[d] for d in args.dtypes.split(",") if d]
     cases = tuple(c for c in args.cases.split(",") if c)
-    names = [n for n in oc.ENTRIES if re.search(args.entries, n)]
+    names = [n for n in oc.ENTRIES if re.search(args.entries, n)
+             and not (args.skip_entries and re.search(args.skip_entries, n))]
 
     use_local_build()
     tk = load_kernel()
@@ -59,6 +63,12 @@ def main() -> int:
             failures.append(f"{name} {case} {dtype}: {type(e).__name__}: {e}"[:400])
             print(f"  EXCEPTION: {failures[-1]}", flush=True)
             traceback.print_exc(limit=3)
+            poisoned = cuda_context_error()
+            if poisoned:  # every later call would fail for it: stop, naming the call
+                failures.append(f"the CUDA context is unusable after {name} {case} {dtype} ({poisoned}); "
+                                f"{len(plan) - i} calls not made")
+                print(f"driver: {failures[-1]}", flush=True)
+                break
     print(f"driver: {len(plan)} calls in {time.time() - start:.0f} s, {len(failures)} failures", flush=True)
     for f in failures:
         print(f"driver failure: {f}", flush=True)
