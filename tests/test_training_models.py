@@ -9,6 +9,7 @@ import copy
 
 import pytest
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 pytestmark = pytest.mark.gpu
 
@@ -142,11 +143,23 @@ def test_tiny_ltx_trains_like_eager(tk):
                         trained=0.8)
 
 
+# SDPA without the cuDNN backend: its backward returned NaN gradients on the H200 (torch 2.11) for
+# the tiny Flux's 80 tokens (16 text + 64 image), in eager and ours alike depending on what the
+# allocator handed it, and finite ones re-run on fresh copies of the same inputs: a sequence length
+# cuDNN pads (NVIDIA/cudnn-frontend#160). Attention is not ours; the test is about our ops.
+NOT_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
 @pytest.mark.parametrize("model", ["ltx", "flux"])
 def test_lora_training_through_our_ops(tk, model):
     """peft LoRA adapters on the attention projections; the base weights frozen. Eager and ours
     from the same adapters: the first step's adapter gradients agree within bf16 rounding, and a
-    few hundred steps track each other."""
+    few hundred steps track each other (attention without cuDNN: NOT_CUDNN)."""
+    with sdpa_kernel(NOT_CUDNN):
+        lora_training_through_our_ops(model)
+
+
+def lora_training_through_our_ops(model):
     peft = pytest.importorskip("peft", reason="peft is not installed in this environment (.venv): "
                                "LoRA training is not tested here")
     from transformer_kernels_integrations.diffusers_models import inject
