@@ -118,6 +118,13 @@ else
   echo "planted self-check: nvcc failed (planted-build.log)" | tee "$OUT_DIR/planted-check.txt"
 fi
 
+# initcheck's view of the GEMM output linear_gelu's fallback reads (tests/sanitize/initcheck_probe.py)
+if [[ " ${TOOLS[*]} " == *" initcheck "* ]]; then
+  "$SANITIZER" --tool initcheck --print-limit 1000 "$PYTHON" tests/sanitize/initcheck_probe.py \
+    > "$OUT_DIR/initcheck-probe.log" 2>&1
+  "$PYTHON" tests/sanitize/summarize.py --probe "$OUT_DIR/initcheck-probe.log" | tee "$OUT_DIR/initcheck-probe.txt"
+fi
+
 for tool in "${TOOLS[@]}"; do
   log="$OUT_DIR/$tool.log"
   filter=("${OURS[@]}" "${GEMMS[@]}")

@@ -96,3 +96,13 @@ def test_internal_sanitizer_error_is_unattributed():
            f"========= Invalid __global__ read of size 2 bytes\n=========     at {OURS}(int)+0x10\n"
            "========= ERROR SUMMARY: 2 errors\n")
     assert summarize.errors_by_kernel(log) == {OURS: 1}
+
+
+def test_probe_report_splits_by_step():
+    log = ("probe a: first\n"
+           "========= Uninitialized __global__ memory read of size 16 bytes\n"
+           "=========     at void at::native::copy_kernel<float>(int)+0x10\n=========\n"
+           "probe b: second\n========= ERROR SUMMARY: 1 error\n")
+    assert summarize.probe_report(log).splitlines() == [
+        "before the first step: no errors", "probe a: first: {'void at::native::copy_kernel<float>': 1}",
+        "probe b: second: no errors"]

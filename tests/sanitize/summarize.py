@@ -113,7 +113,27 @@ def check_planted(ours_filtered: str, library_filtered: str, library_unfiltered:
     return problems
 
 
+def probe_report(log: str) -> str:
+    """initcheck_probe.py's log: the errors by kernel of each step (its 'probe ...' lines)."""
+    lines, step, segment = [], "before the first step", []
+
+    def flush():
+        lines.append(f"{step}: {errors_by_kernel(chr(10).join(segment)) or 'no errors'}")
+
+    for line in log.splitlines():
+        if line.startswith("probe "):
+            flush()
+            step, segment = line, []
+        else:
+            segment.append(line)
+    flush()
+    return "\n".join(lines)
+
+
 def main(argv: list[str]) -> int:
+    if argv[0] == "--probe":
+        print(probe_report(Path(argv[1]).read_text(errors="replace")))
+        return 0
     if argv[0] == "--planted":
         problems = check_planted(*(Path(a).read_text(errors="replace") for a in argv[1:4]))
         print("planted self-check: " + ("; ".join(problems) if problems else
