@@ -353,9 +353,10 @@ def build(archs_spec: str = "all", jobs: int | None = None, root: Path = ROOT, v
         shutil.rmtree(out)
     package = root / "torch-ext" / cfg.python_name
     shutil.copytree(package, out, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "_ops.py"))
-    libs = list(obj.glob(f"{ops_name}*.so"))
+    # exactly this build's name: a clean tree's "<id>" is a prefix of the same tree's "<id>_dirty"
+    libs = [p for p in obj.glob(f"{ops_name}*.so") if p.name.split(".")[0] == ops_name]
     if len(libs) != 1:
-        raise RuntimeError(f"expected one {ops_name}*.so in {obj}, found {libs}")
+        raise RuntimeError(f"expected one {ops_name}.*.so in {obj}, found {libs}")
     shutil.copy2(libs[0], out / libs[0].name)
     (out / "_ops.py").write_text(render("_ops.py.in", {"OPS_NAME": ops_name}))
     metadata = {

@@ -1,12 +1,59 @@
 // Op schemas and their CUDA implementations. The namespace (TORCH_EXTENSION_NAME) carries a
 // per-build id and is only known at build time; Python reaches the ops through `_ops.ops`.
 // Every op has a functional form (allocates its outputs) and an out= form (`Tensor!` outputs first).
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/library.h>
+
+#include <string>
+#include <vector>
 
 #include "registration.h"
 #include "torch_binding.h"
 
 namespace tk = transformer_kernels;
+
+namespace {
+
+// In-place and out= forms bump the version counter of every tensor they write, as aten's in-place
+// ops do, so that autograd refuses a backward that would read a saved tensor one of them modified
+// (instead of computing a gradient from the modified values). A boxed ADInplaceOrView kernel reads
+// the written arguments from the schema's mutation annotations (torch's own fallback,
+// autogradNotImplementedInplaceOrViewFallback, bumps mutable returns only; ours return nothing).
+void bump_written_arguments(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  const c10::FunctionSchema& schema = op.schema();
+  const size_t num_arguments = schema.arguments().size();
+  const size_t first = stack->size() - num_arguments;
+  std::vector<at::Tensor> written;  // the redispatch consumes the stack's arguments
+  for (size_t i = 0; i < num_arguments; ++i) {
+    const c10::IValue& argument = (*stack)[first + i];
+    if (schema.is_mutable({c10::SchemaArgType::input, i}) && argument.isTensor()) {
+      written.push_back(argument.toTensor());
+    }
+  }
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    op.redispatchBoxed(keys & c10::after_ADInplaceOrView_keyset, stack);
+  }
+  for (const at::Tensor& t : written) torch::autograd::impl::bump_version(t);
+}
+
+// bump_written_arguments for each op of this namespace with a written argument.
+void bump_versions_of_written_tensors(torch::Library& ops) {
+  const std::string ns = STRINGIFY(TORCH_EXTENSION_NAME);
+  auto& dispatcher = c10::Dispatcher::singleton();
+  for (const c10::OperatorName& name : dispatcher.getAllOpNames()) {
+    const auto op_ns = name.getNamespace();
+    if (!op_ns || *op_ns != ns) continue;
+    const auto handle = dispatcher.findSchema(name);
+    if (!handle || !handle->schema().is_mutable()) continue;
+    const std::string op = name.name.substr(ns.size() + 2);  // "ns::op" -> "op"
+    ops.impl(op.c_str(), torch::dispatch(c10::DispatchKey::ADInplaceOrView,
+                                         torch::CppFunction::makeFromBoxedFunction<&bump_written_arguments>()));
+  }
+}
+
+}  // namespace
 
 TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   // RMSNorm over the last dim; rounding "hf" | "diffusers" | "torch" picks the module to match.
@@ -199,6 +246,8 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
     ops.impl("fused_linear_cross_entropy", key, &tk::fused_linear_cross_entropy);
     ops.impl("fused_linear_cross_entropy_backward", key, &tk::fused_linear_cross_entropy_backward);
   }
+
+  bump_versions_of_written_tensors(ops);
 }
 
 REGISTER_EXTENSION(TORCH_EXTENSION_NAME)
