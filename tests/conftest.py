@@ -164,6 +164,17 @@ def restore_process_wide_swaps():
         patching.restore_global_swaps()
 
 
+@pytest.fixture
+def stand_ins_take_cpu_tensors(monkeypatch):
+    """CPU tests inject eager stand-ins that take CPU tensors: the diffusers rules' device guard
+    (diffusers_models.KERNEL_DEVICES, the GPU's) counts the CPU as a kernel device for them, as the
+    transformers tests widen transformers_models.KERNEL_DEVICES. Imports the integration package
+    only where a test uses it."""
+    from transformer_kernels_integrations import diffusers_models
+
+    monkeypatch.setattr(diffusers_models, "KERNEL_DEVICES", ("cuda", "cpu"))
+
+
 def pytest_runtest_logreport(report):
     """With TK_FAILURE_LOG set, each failure's traceback is appended to that file as it happens (also
     from xdist workers' reports), so a run cut short by a time limit still says why tests failed."""

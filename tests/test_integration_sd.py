@@ -18,6 +18,9 @@ from reference.group_norm import eager_group_norm
 diffusers = pytest.importorskip("diffusers")
 from transformer_kernels_integrations.diffusers_models import inject, uninject  # noqa: E402
 
+# CPU tests inject eager stand-ins that take CPU tensors (conftest.stand_ins_take_cpu_tensors)
+pytestmark = pytest.mark.usefixtures("stand_ins_take_cpu_tensors")
+
 
 def stand_in(calls: Counter | None = None):
     """The kernel API, implemented with the eager code each op replaces; `calls` counts the ops."""

@@ -366,6 +366,7 @@ def test_training_with_strict_takes_the_unmerged_rules_and_does_not_raise(tk, mo
         ours(ids, labels=labels)
 
 
+@pytest.mark.usefixtures("stand_ins_take_cpu_tensors")
 def test_diffusers_training_with_strict_skips_the_merges(tk):
     pytest.importorskip("diffusers")
     from test_integration_diffusers import ltx_inputs, small_ltx

@@ -13,7 +13,9 @@ norm_modulate=..., merge_projections=..., linear_gelu=..., group_norm=..., geglu
 default) turn op kinds off; ``uninject`` undoes everything.
 
 How modules are patched (and how hooks survive) is in ``patching.py``. ``enable_model_cpu_offload``
-hooks whole components, so injecting before or after it works.
+hooks whole components, so injecting before or after it works. Tensors off the GPU run diffusers'
+own forwards and processors (``KERNEL_DEVICES``; a logged fallback counted in the report,
+``KernelFallbackError`` under ``strict=True``): a model on the CPU never reaches a kernel.
 
 ``merge_projections`` (``ltx_merged_projections``, ``flux_merged_projections``: rules that add to a
 module, ``also=True``) makes the LTX self-attention's q/k/v, its cross-attention's k/v, and Flux's
@@ -35,6 +37,7 @@ projections run under grad, a logged fallback), except under ``strict=True``, wh
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from types import ModuleType
 from typing import Callable, NamedTuple
 
@@ -191,7 +194,24 @@ def _torch_rms_norm(tk: ModuleType, norm: torch.nn.RMSNorm, x: torch.Tensor) -> 
     return tk.layers.RMSNorm.forward(norm, x)
 
 
-class FluxAttnProcessor:
+class _KernelProcessor:
+    """Base of our attention processors. ``Injection.set_processor`` gives it the processor it
+    replaces and the devices our kernels take: hidden states elsewhere run the replaced one (a
+    logged fallback; ``KernelFallbackError`` under ``strict=True``)."""
+
+    replaced = None
+    kernel_devices: Callable[[], tuple[str, ...]] = None
+    off_device: Callable[[torch.device], None] = None
+
+    def _replaced_for(self, hidden_states: torch.Tensor):
+        """The replaced processor where `hidden_states` is off the kernel devices, else None."""
+        if self.replaced is None or hidden_states.device.type in self.kernel_devices():
+            return None
+        self.off_device(hidden_states.device)
+        return self.replaced
+
+
+class FluxAttnProcessor(_KernelProcessor):
     """``FluxAttnProcessor`` with our per-head q/k RMSNorms and Flux's rotary embedding of q and k in
     one launch. Same positional signature as the original."""
 
@@ -208,6 +228,10 @@ class FluxAttnProcessor:
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None):
         from diffusers.models.attention_dispatch import dispatch_attention_fn
         from diffusers.models.transformers.transformer_flux import _get_qkv_projections
+
+        replaced = self._replaced_for(hidden_states)
+        if replaced is not None:
+            return replaced(attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb)
 
         qkv = _merged(attn, "qkv", hidden_states)
         added = _merged(attn, "added_qkv", encoder_hidden_states) if encoder_hidden_states is not None else None
@@ -251,7 +275,7 @@ def _fused_qk_norm_eps(norm_q: torch.nn.RMSNorm, norm_k: torch.nn.RMSNorm) -> fl
     return norm_q.eps if norm_q.eps is not None else torch.finfo(torch.float32).eps
 
 
-class LTXAttnProcessor:
+class LTXAttnProcessor(_KernelProcessor):
     """``LTXVideoAttnProcessor`` with our q/k RMSNorm (``torch.nn.RMSNorm`` across heads) and the
     LTX rotary embedding: in self-attention one launch for both norms and the rotation of q and k,
     otherwise the norms, then the rotation. Same positional signature as the original.
@@ -270,6 +294,9 @@ class LTXAttnProcessor:
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None):
         from diffusers.models.attention_dispatch import dispatch_attention_fn
 
+        replaced = self._replaced_for(hidden_states)
+        if replaced is not None:
+            return replaced(attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb)
         batch_size, sequence_length, _ = (
             hidden_states.shape if encoder_hidden_states is None else encoder_hidden_states.shape)
         if attention_mask is not None:
@@ -472,6 +499,21 @@ RULES: tuple[Rule, ...] = (
          skip=lambda m: "FP32LayerNorm computes in fp32 on purpose" if type(m).__name__ == "FP32LayerNorm"
          else _layer_norm_skip(m)),
 )
+
+# Tensors off these devices run diffusers' own code (Rule.kernel_devices): a model on the CPU never
+# reaches a kernel. The merges need no guard: their GEMM runs anywhere.
+KERNEL_DEVICES = ("cuda",)
+_OFF_GPU = "tensors off the GPU: diffusers' own code"
+
+
+def _kernel_devices() -> tuple[str, ...]:
+    return KERNEL_DEVICES
+
+
+RULES = tuple(rule if rule.kind.endswith("_merged_projections") else
+              replace(rule, kernel_devices=_kernel_devices,
+                      fallback=f"{rule.fallback}; {_OFF_GPU}" if rule.fallback else _OFF_GPU)
+              for rule in RULES)
 
 SWITCHES = switches_of(RULES)
 

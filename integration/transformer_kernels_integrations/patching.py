@@ -20,13 +20,13 @@ function, or merges projections (``merge``: one weight the original parameters b
 (a merge gives each parameter, the same object, storage of its own again with its current values).
 Weights are read at call time, never cached.
 
-Fallbacks: a patched forward that meets an input its kernel does not take (autocast, mixed dtypes;
-CPU tensors in the transformers rules) runs the library's own code, and a merged projection that
-cannot run (gradients wanted) the separate projections; it says so once through ``logging`` (logger
+Fallbacks: a patched forward that meets an input its kernel does not take (autocast, mixed dtypes,
+tensors off the GPU) runs the library's own code, and a merged projection that cannot run
+(gradients wanted) the separate projections; it says so once through ``logging`` (logger
 ``transformer_kernels_integrations``) and counts it in the report, or raises
-``KernelFallbackError`` under ``inject(..., strict=True)``. The diffusers rules do not check the
-device: a pipeline's modules run on the GPU (offloading moves them there before each forward), and
-tensors elsewhere reach the kernel, which refuses them with an error naming the argument.
+``KernelFallbackError`` under ``inject(..., strict=True)``. The transformers rules check the device
+in their forwards; the diffusers rules through ``Rule.kernel_devices``: ``Injection.set_forward``
+wraps their forwards and ``set_processor`` tells our attention processors which one they replace.
 
 Training (``inject`` on a model in training mode, or ``training=True``): ``for_training`` keeps a
 rule only where every op it runs (the integration's ``RULE_OPS``) has a backward (``tk.has_backward``),
@@ -38,6 +38,7 @@ not raise. Patches ask ``Injection.ours(op)`` where they can run an op or the mo
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 import types
@@ -105,6 +106,17 @@ class Rule:
     skip: Callable[[torch.nn.Module], str | None] = lambda m: None  # why to leave a match alone, or None
     fallback: str | None = None                          # when the patched path runs the library's code
     also: bool = False                                   # adds to the module; the rules after it still match
+    # set: the devices our kernels take, read at call time (a test may widen them); the patched
+    # forwards and processors run the library's own code for tensors on other devices
+    kernel_devices: Callable[[], tuple[str, ...]] | None = None
+
+
+def first_tensor_device(args: tuple, kwargs: dict) -> torch.device | None:
+    """The device of a call's first tensor argument (positional, then keyword), or None."""
+    for arg in (*args, *kwargs.values()):
+        if isinstance(arg, torch.Tensor):
+            return arg.device
+    return None
 
 
 def named(*class_names: str) -> Callable[[str], bool]:
@@ -187,6 +199,7 @@ class Injection:
         self._has_backward = getattr(tk, "has_backward", lambda name: False)
         self._logged: set[tuple[str, str]] = set()
         self.undo: list[Callable[[], None]] = []
+        self.rule: Rule | None = None  # the rule being applied (apply_rules sets it before its patch)
 
     def ours(self, op: str) -> bool:
         """Whether a patched forward runs our op `op` (the C++ op's name): always in inference; in
@@ -197,19 +210,45 @@ class Injection:
     # -- patching, each recorded for uninject --
 
     def set_forward(self, module: torch.nn.Module, forward: Callable) -> None:
-        """Binds `forward` (a function taking the module as `self`) as the module's forward."""
-        bound = types.MethodType(forward, module)
+        """Binds `forward` (a function taking the module as `self`) as the module's forward; under a
+        rule with ``kernel_devices``, tensors on other devices run the forward it replaces."""
         # an accelerate hook wraps forward: replace what it calls
         attr = "_old_forward" if hasattr(module, "_old_forward") else "forward"
-        self._set_attr(module, attr, bound)
+        if self.rule is not None and self.rule.kernel_devices:
+            forward = self._on_kernel_devices(forward, getattr(module, attr), self.rule)
+        self._set_attr(module, attr, types.MethodType(forward, module))
+
+    def _on_kernel_devices(self, forward: Callable, replaced: Callable, rule: Rule) -> Callable:
+        """`forward` where the call's first tensor is on one of the rule's devices, else `replaced`
+        (the module's own bound forward: a logged fallback of the rule's kind)."""
+        devices, off_device = rule.kernel_devices, self.off_device_fallback(rule)
+
+        @functools.wraps(forward)  # inspect.unwrap gives the patched forward
+        def forward_on_kernel_devices(module, *args, **kwargs):
+            device = first_tensor_device(args, kwargs)
+            if device is not None and device.type not in devices():
+                off_device(device)
+                return replaced(*args, **kwargs)
+            return forward(module, *args, **kwargs)
+
+        return forward_on_kernel_devices
+
+    def off_device_fallback(self, rule: Rule) -> Callable[[torch.device], None]:
+        kind = rule.kind
+        return lambda device: self.fallback(kind, f"tensors on {device.type}, not the GPU")
 
     def set_processor(self, module: torch.nn.Module, processor: Any) -> None:
         """Gives a diffusers attention module our processor (keeping the attention backend and
-        parallel config set on the one it replaces)."""
+        parallel config set on the one it replaces). Under a rule with ``kernel_devices`` the
+        processor learns the one it replaces and the devices (``replaced``, ``kernel_devices``,
+        ``off_device``): our processors run the replaced one for tensors on other devices."""
         old = module.processor
         for attr in ("_attention_backend", "_parallel_config"):
             if getattr(old, attr, None) is not None:
                 setattr(processor, attr, getattr(old, attr))
+        if self.rule is not None and self.rule.kernel_devices:
+            processor.replaced, processor.kernel_devices = old, self.rule.kernel_devices
+            processor.off_device = self.off_device_fallback(self.rule)
         module.set_processor(processor)
         self.undo.append(lambda: module.set_processor(old))
 
@@ -307,7 +346,9 @@ def apply_rules(models: Iterable[tuple[str, torch.nn.Module, tuple[Rule, ...]]],
                 if reason is not None:
                     reasons.append(reason)
                     continue
+                injection.rule = rule
                 rule.patch(module, injection)
+                injection.rule = None
                 report.replaced[rule.kind] = report.replaced.get(rule.kind, 0) + 1
                 if rule.fallback:
                     report.fallbacks[rule.kind] = rule.fallback
