@@ -15,6 +15,21 @@ def activation_float64(x: torch.Tensor, act: str) -> torch.Tensor:
     return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x.pow(3))))
 
 
+FP32_UNIT_ROUNDOFF = 2.0**-24
+
+
+def activation_error_magnitude(x: torch.Tensor, act: str, out_roundoff: float) -> torch.Tensor:
+    """What the rounding errors of act(x) (fp32 math, rounded to an output dtype of unit roundoff
+    `out_roundoff`) scale with, as a magnitude for a bound of a few output roundings: |act(x)|, a
+    floor of 1e-3, and for GELU the fp32 cancellation of 1 + erf (or 1 + tanh) at negative x, an
+    absolute error of about ulp_fp32(1) |x| / 2, expressed in output roundings (so that in 16-bit
+    outputs it stays an fp32-sized allowance and cannot hide a wrong value where |act(x)| is small)."""
+    mag = activation_float64(x, act).abs() + 1e-3
+    if act == "silu":
+        return mag
+    return mag + 0.5 * x.double().abs() * (FP32_UNIT_ROUNDOFF / out_roundoff)
+
+
 def eager_activation(x: torch.Tensor, act: str) -> torch.Tensor:
     """``F.silu`` / ``F.gelu`` (transformers' ``SiLUActivation``, ``GELUTanh``; diffusers' ``GELU``)."""
     if act == "silu":

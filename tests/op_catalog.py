@@ -26,6 +26,8 @@ from typing import Callable, Optional
 
 import torch
 
+from helpers import assert_padding_intact, with_nan_padding
+
 CASES = ("small", "aligned", "wide", "odd", "unaligned", "strided", "split", "split_vec", "empty", "empty_width")
 EPS = 1e-6
 
@@ -70,7 +72,9 @@ class OpCall:
         args = self.args if args is None else args
         result = getattr(tk.ops, self.op)(*args)
         if self.writes:
-            return tuple(args[i] for i in self.writes)
+            written = tuple(args[i] for i in self.writes)
+            assert_padding_intact(*written, what=self.name)
+            return written
         return result if isinstance(result, tuple) else (result,)
 
     def tensor_positions(self) -> list[int]:
@@ -92,8 +96,13 @@ class Maker:
         return torch.rand(shape, generator=self.gen) * (hi - lo) + lo
 
     def buffer(self, shape, layout: str, dtype=None, shift: int = 1) -> torch.Tensor:
-        """An uninitialized tensor of `shape` in `layout`: contiguous; `offset` (`shift` elements past
-        an aligned base); `strided` (rows padded by 8 elements, the two leading dims swapped in memory)."""
+        """A tensor of `shape` in `layout`, its whole allocation NaN (the padding stays NaN:
+        OpCall checks that a call wrote nothing past its output views): contiguous; `offset`
+        (`shift` elements past an aligned base); `strided` (rows padded by 8 elements, the two
+        leading dims swapped in memory)."""
+        return with_nan_padding(self._layout(shape, layout, dtype, shift))
+
+    def _layout(self, shape, layout: str, dtype=None, shift: int = 1) -> torch.Tensor:
         dtype = dtype or self.dtype
         shape = tuple(shape)
         if layout == "contiguous":
@@ -118,7 +127,7 @@ class Maker:
         return self.place(self.values(shape, **kw), layout, dtype, shift)
 
     def nan(self, shape, layout="contiguous", dtype=None, shift=1) -> torch.Tensor:
-        return self.buffer(shape, layout, dtype, shift).fill_(float("nan"))
+        return self.buffer(shape, layout, dtype, shift)
 
     def param(self, n, dtype=None) -> torch.Tensor:
         """A norm weight or bias [n]: uniform in [0.5, 1.5) (never ones, which would hide a dropped weight)."""

@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from cuda_poison import poison_cuda_cache
-from helpers import DTYPES
+from helpers import DTYPES, assert_padding_intact, with_nan_padding  # noqa: F401 (re-exported)
 
 SCALE = float(os.environ.get("TK_PROPERTY_SCALE", "1"))
 CPU_EXAMPLES = 15
@@ -67,7 +67,12 @@ widths = st.one_of(st.integers(1, 300), st.sampled_from([512, 1024, 2048, 3584, 
 
 
 def buffer(shape, dtype, device, layout):
-    """An uninitialized tensor of `shape` laid out as `layout` (see layouts)."""
+    """A tensor of `shape` laid out as `layout` (see layouts); its allocation is NaN (the view
+    too, until written: helpers.with_nan_padding), so that a read or a write past the view shows."""
+    return with_nan_padding(_layout(shape, dtype, device, layout))
+
+
+def _layout(shape, dtype, device, layout):
     kind, k = layout
     shape = tuple(shape)
     if kind == "offset":
@@ -143,4 +148,5 @@ CPU_IMPLS = ("eager", "package")
 
 
 def nan_like(shape, dtype, device, layout):
-    return buffer(shape, dtype, device, layout).fill_(float("nan"))
+    """An output buffer of NaN in `layout`, its allocation's padding NaN too (assert_padding_intact)."""
+    return buffer(shape, dtype, device, layout)

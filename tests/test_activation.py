@@ -5,8 +5,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import DTYPES, assert_all_written, assert_matches_eager, assert_rejects, assert_within, poisoned, random_input
+from helpers import DTYPES, UNIT_ROUNDOFF, assert_all_written, assert_matches_eager, assert_rejects, assert_within, poisoned, random_input
 from reference.activations import (
+    activation_error_magnitude,
     activation_float64,
     eager_act_and_mul,
     eager_act_mul,
@@ -25,10 +26,8 @@ def rows_for(hidden):
 
 
 def act_magnitude(x, act):
-    """What the rounding errors of act(x) scale with. GELU's 1 + erf (or tanh) cancels for
-    negative x: fp32 leaves an absolute error of about ulp(1) * |x| / 2 there, in ATen too."""
-    mag = activation_float64(x, act).abs() + 1e-3
-    return mag if act == "silu" else mag + 0.5 * x.double().abs()
+    """reference.activations.activation_error_magnitude for x's dtype (the output's)."""
+    return activation_error_magnitude(x, act, UNIT_ROUNDOFF[x.dtype])
 
 
 def call_act(tk, x, act, out=None):

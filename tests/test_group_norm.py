@@ -71,9 +71,11 @@ def assert_matches_eager(ours, eager, magnitude, stats, ulps=4):
     excused = group_mask(ambiguous_statistics(x, groups, eps, bias_nc), ours)
     counted = (~excused).sum().item()
     share = ((ours != eager) & ~excused).sum().item() / max(1, counted)
-    allowed = max(MISMATCH_BUDGET.get(ours.dtype, 1.0), 2 / max(1, counted))
-    assert share <= allowed, (f"{share:.2%} of the elements differ from eager "
-                              f"(outside {excused.sum().item()} of {ours.numel()} in ambiguous groups)")
+    budget = MISMATCH_BUDGET[ours.dtype]
+    if budget is not None:  # fp32: the element bound above is the check
+        allowed = max(budget, 2 / max(1, counted))
+        assert share <= allowed, (f"{share:.2%} of the elements differ from eager "
+                                  f"(outside {excused.sum().item()} of {ours.numel()} in ambiguous groups)")
 
 
 def same_layout(a, b):

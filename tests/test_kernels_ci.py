@@ -24,8 +24,20 @@ def tk():
     return load_kernel()
 
 
-def rand(*shape, dtype, scale=1.0, offset=0.0):
-    return (torch.randn(*shape, device="cuda", dtype=torch.float32) * scale + offset).to(dtype)
+def rand(*shape, dtype, scale=1.0, offset=0.0, device="cuda"):
+    return (torch.randn(*shape, device=device, dtype=torch.float32) * scale + offset).to(dtype)
+
+
+def norm_input(dtype, device="cuda", rows=67, hidden=4099):
+    """x for the norms: rows of mean square ~4, and a third of rows of ~4e-4 where eps = 1e-5 and
+    a wrong eps (1e-1, say) give different outputs (on the first rows they would not)."""
+    x = torch.randn(rows, hidden, device=device, dtype=torch.float32) * 2 + 0.5
+    x[rows * 2 // 3:] *= 1e-2
+    return x.to(dtype)
+
+
+def rms64(h, eps=1e-5):
+    return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
 
 
 def assert_close64(out, ref64, dtype):
@@ -50,18 +62,27 @@ def test_loads_through_kernels_with_its_layers(tk):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_norms(tk, dtype):
-    x, w, b = rand(67, 4099, dtype=dtype, scale=2, offset=0.5), rand(4099, dtype=dtype, offset=1), rand(4099, dtype=dtype)
-    residual = rand(67, 4099, dtype=dtype)
+    x, w, b = norm_input(dtype), rand(4099, dtype=dtype, offset=1), rand(4099, dtype=dtype)
+    residual = rand(67, 4099, dtype=dtype) * x.abs().amax(-1, keepdim=True)  # small where x is small
     x64, w64, b64 = x.double(), w.double(), b.double()
-    rms = lambda h: h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-5)  # noqa: E731
-    assert_close64(tk.rms_norm(x, w, 1e-5), rms(x64) * w64, dtype)
+    assert_close64(tk.rms_norm(x, w, 1e-5), rms64(x64) * w64, dtype)
     out, new_residual = tk.fused_add_rms_norm(x, residual, w, 1e-5)
     h = (x + residual).double()
     assert_close64(new_residual, h, dtype)
-    assert_close64(out, rms(h) * w64, dtype)
+    assert_close64(out, rms64(h) * w64, dtype)
     mean = x64.mean(-1, keepdim=True)
     ln = (x64 - mean) * torch.rsqrt((x64 - mean).pow(2).mean(-1, keepdim=True) + 1e-5) * w64 + b64
     assert_close64(tk.layer_norm(x, w, b, 1e-5), ln, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_norm_check_tells_a_wrong_eps(dtype):
+    """The check above fails for a kernel that used eps 1e-1 for 1e-5 (emulated in float64 and
+    rounded to the dtype, on the CPU): the low-variance rows tell them apart."""
+    x64 = norm_input(dtype, "cpu").double()
+    assert_close64(rms64(x64).to(dtype), rms64(x64), dtype)  # the right eps passes
+    with pytest.raises(AssertionError, match="max error"):
+        assert_close64(rms64(x64, eps=1e-1).to(dtype), rms64(x64), dtype)
 
 
 @pytest.mark.gpu

@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import properties as P
-from helpers import assert_within
-from reference.activations import activation_float64, eager_act_and_mul, eager_act_mul, eager_activation
+from helpers import UNIT_ROUNDOFF, assert_within
+from reference.activations import activation_error_magnitude, activation_float64, eager_act_and_mul, eager_act_mul, eager_activation
 
 KERNEL_EXAMPLES = {"activation": 300, "act_and_mul": 200, "act_mul": 150, "gated_add": 200}
 ACTS = ("silu", "gelu", "gelu_tanh")
@@ -60,10 +60,8 @@ def cpu_impl(name):
 
 
 def act_magnitude(x, act):
-    """What act(x)'s rounding errors scale with (as test_activation: GELU's 1 + erf cancels for
-    negative x, leaving an absolute error of about ulp(1) * |x| / 2 in fp32)."""
-    mag = activation_float64(x, act).abs() + 1e-3
-    return mag if act == "silu" else mag + 0.5 * x.double().abs()
+    """reference.activations.activation_error_magnitude for x's dtype (the output's)."""
+    return activation_error_magnitude(x, act, UNIT_ROUNDOFF[x.dtype])
 
 
 @st.composite
@@ -83,6 +81,7 @@ def prop_activation(impl, case):
     x = values(v, shape, dtype, case["layout"])
     out = None if case["out"] is None else P.nan_like(shape, dtype, impl.device, case["out"])
     result = impl.silu(x, out=out) if act == "silu" else impl.gelu(x, "none" if act == "gelu" else "tanh", out=out)
+    P.assert_padding_intact(out, what=act)
     assert result.shape == x.shape and result.dtype == dtype and (out is None or result is out)
     assert_within(result, activation_float64(x, act), act_magnitude(x, act), 2, act)  # fp32 math, one rounding
 
@@ -114,6 +113,7 @@ def prop_act_and_mul(impl, case, act_first):
         result = fn(x, out=out)
     else:
         result = impl.geglu(x, "none" if act == "gelu" else "tanh", out=out)
+    P.assert_padding_intact(out, what=f"{act} and mul")
     a, b = x[..., :H], x[..., H:]
     if not act_first:
         a, b = b, a
@@ -142,6 +142,7 @@ def prop_act_mul(impl, case, up_layout):
     gate, up = values(v, shape, dtype, case["layout"]), values(v, shape, dtype, up_layout)
     out = None if case["out"] is None else P.nan_like(shape, dtype, impl.device, case["out"])
     result = impl.act_mul(gate, up, act, out=out)
+    P.assert_padding_intact(out, what="act_mul")
     ref = activation_float64(gate, act) * up.double()
     assert_within(result, ref, act_magnitude(gate, act) * up.double().abs(), 3, f"act_mul {act}")
 
@@ -183,6 +184,7 @@ def prop_gated_add(impl, case, gate_kind, y_layout):
     gate = gate_operand(v, gate_kind, shape, dtype)
     out = None if case["out"] is None else P.nan_like(shape, dtype, impl.device, case["out"])
     result = impl.gated_add(x, y, gate, out=out)
+    P.assert_padding_intact(out, what="gated_add")
     gy = gate.double() * y.double()
     # round(x + round(gate * y)): two roundings of terms at most |x| + |gate * y|
     assert_within(result, x.double() + gy, x.double().abs() + gy.abs(), 2.5, "gated_add")

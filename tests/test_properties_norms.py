@@ -98,6 +98,7 @@ def prop_rms_norm(impl, case, weight_kind, rounding):
     odt = out_dtype(x, w, rounding)
     out = None if case["out"] is None else P.nan_like(shape, odt, impl.device, case["out"])
     result = impl.rms_norm(x, w, case["eps"], out=out, rounding=rounding)
+    P.assert_padding_intact(out, what="rms_norm")
     assert out is None or result is out
     assert result.shape == x.shape and result.dtype == odt
     ref = rms_norm_float64(x, w, case["eps"])
@@ -171,6 +172,7 @@ def prop_layer_norm(impl, case, affine):
     # eps = 0 needs a variance: rows of few elements can be constant (all equal after rounding)
     eps = case["eps"] if case["eps"] > 0 or case["hidden"] >= 16 else 1e-5
     result = impl.layer_norm(x, w, b, eps, out=out)
+    P.assert_padding_intact(out, what="layer_norm")
     assert result.dtype == dtype and (out is None or result is out)
     assert_within(result, float64_norm(x, "layer", w, b, eps), layer_magnitude(x, w, b, eps), 2, "layer_norm")
 
@@ -252,6 +254,7 @@ def prop_norm_modulate(impl, case):
     scale, shift, w, b = modulation_inputs(v, case)
     out = None if case["out"] is None else P.nan_like((B, S, H), dtype, impl.device, case["out"])
     result = impl.norm_modulate(x, scale, shift, norm=case["norm"], weight=w, bias=b, eps=case["eps"], out=out)
+    P.assert_padding_intact(out, what="norm_modulate")
     ref, mag = modulate64(float64_norm(x, case["norm"], eps=case["eps"]), w, b, scale, shift, case["norm"])
     ulps = MODULATE_ULPS + (1 if w is not None and case["norm"] == "rms" else 0)  # the weight's own rounding
     assert_within(result, ref, mag, ulps + 0.5, f"norm_modulate {case['norm']}")

@@ -356,6 +356,7 @@ def prop_hf_qk_norm_rope(impl, c):
     if c["out"] is not None:
         out = (P.nan_like(q.shape, dtype, impl.device, c["out"]), P.nan_like(k.shape, dtype, impl.device, c["out"]))
     q_out, k_out = impl.hf_qk_norm_rope(q, k, qw, kw, c["eps"], cos, sin, out=out)
+    P.assert_padding_intact(out, what="hf_qk_norm_rope")
     for o, x, w in ((q_out, q, qw), (k_out, k, kw)):
         assert o.shape == x.shape and o.dtype == dtype
         mag = rope_magnitude(rms_norm_float64(x, w, c["eps"]), cos.unsqueeze(2), sin.unsqueeze(2), "neox")

@@ -6,7 +6,7 @@ import torch
 
 from reference.norms import RMS_NORM_EAGER, rms_norm_float64
 
-from helpers import DTYPES, MISMATCH_BUDGET, UNIT_ROUNDOFF, assert_within, mismatch_vs_eager, poisoned, random_input
+from helpers import DTYPES, UNIT_ROUNDOFF, assert_mismatch_within_budget, assert_within, mismatch_vs_eager, poisoned, random_input
 
 pytestmark = pytest.mark.gpu
 
@@ -66,7 +66,7 @@ def test_matches_float64_and_eager(tk, rows, hidden, weight_kind, dtype, roundin
     eager = RMS_NORM_EAGER[rounding](x, weight, EPS)
     assert out.dtype == eager.dtype, f"output dtype {out.dtype} differs from the module's {eager.dtype}"
     mismatch = rms_mismatch_vs_eager(out, eager, mid_rounding_dtype(rounding, x, weight))
-    assert mismatch <= MISMATCH_BUDGET.get(out.dtype, 1.0)
+    assert_mismatch_within_budget(mismatch, out, floor_elements=0)
 
 
 def test_allocates_output(tk):
@@ -105,7 +105,7 @@ def test_strided_inputs_without_copy(tk, dtype, layout):
     assert out.is_contiguous()
     assert_close_to_float64(out, x, w, "hf")
     mismatch = rms_mismatch_vs_eager(out, RMS_NORM_EAGER["hf"](x, w, EPS), dtype)
-    assert mismatch <= MISMATCH_BUDGET.get(out.dtype, 1.0)
+    assert_mismatch_within_budget(mismatch, out, floor_elements=0)
 
 
 @pytest.mark.parametrize("hidden", [4096, 129])

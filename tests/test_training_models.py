@@ -11,6 +11,8 @@ import pytest
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from helpers import perturbed
+
 pytestmark = pytest.mark.gpu
 
 STEPS = 300
@@ -20,25 +22,6 @@ WINDOW = 25  # steps averaged before comparing the curves: bf16 makes single ste
 def smoothed(curve, window=WINDOW):
     t = torch.tensor(curve, dtype=torch.float64)
     return t.unfold(0, window, window).mean(-1)
-
-
-# The integer type of each float dtype's width: adding 1 to its bits moves a value by one ulp.
-SAME_WIDTH_INT = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}
-
-
-def perturbed(model, share=0.1, seed=7):
-    """A copy with one ulp (of the parameter's own dtype) added to a random `share` of every
-    parameter's elements: the noise floor (how far a run drifts from eager from one rounding's
-    difference). peft's LoRA adapters are fp32 on a bf16 model: viewed as int16 they would have
-    twice the elements the mask has."""
-    twin = copy.deepcopy(model)
-    g = torch.Generator(device=next(twin.parameters()).device).manual_seed(seed)
-    with torch.no_grad():
-        for p in twin.parameters():
-            mask = torch.rand(p.shape, device=p.device, generator=g) < share
-            bits = p.data.view(SAME_WIDTH_INT[p.dtype])
-            bits[mask] += 1
-    return twin
 
 
 def assert_curves_agree(eager, ours, noise, trained=0.6):
