@@ -386,7 +386,7 @@ def test_fake_impl_keeps_layout(tk, rank):
     out = tk.group_norm(xl, 32, activation="silu")
     assert out.shape == xl.shape and out.stride() == xl.stride() and out.dtype == torch.bfloat16
     assert tk.add_group_norm(xl, torch.empty(2, 64, **meta), 8).stride() == xl.stride()
-    with pytest.raises(Exception, match="activation must be one of"):
+    with pytest.raises(Exception, match="activation must be"):
         tk.group_norm(x, 32, activation="gelu")
     with pytest.raises(Exception, match="must be divisible by num_groups"):
         tk.group_norm(x, 5)

@@ -7,7 +7,6 @@ import pytest
 import torch
 
 import op_catalog as oc
-from conftest import HAS_GPU
 
 WRITING = sorted(name for name in oc.ENTRIES if oc.build(name, torch.float32, oc.cases_of(name)[0], "meta").writes)
 DEVICES = ["meta", pytest.param("cuda", marks=pytest.mark.gpu)]

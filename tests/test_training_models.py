@@ -139,10 +139,10 @@ def test_lora_training_through_our_ops(tk, model):
     from the same adapters: the first step's adapter gradients agree within bf16 rounding, and a
     few hundred steps track each other (attention without cuDNN: NOT_CUDNN)."""
     with sdpa_kernel(NOT_CUDNN):
-        lora_training_through_our_ops(model)
+        lora_training_through_our_ops(tk, model)
 
 
-def lora_training_through_our_ops(model):
+def lora_training_through_our_ops(tk, model):
     peft = pytest.importorskip("peft", reason="peft is not installed in this environment (.venv): "
                                "LoRA training is not tested here")
     from transformer_kernels_integrations.diffusers_models import inject

@@ -21,8 +21,19 @@
 
 namespace transformer_kernels {
 
+// The fake impls (torch-ext/<package>/_fake.py) run an op's checks on meta stand-ins of its
+// arguments by calling its CUDA kernel with them: every check runs, nothing launches (each launch
+// returns first for meta tensors, which have no memory: validation_only).
+inline bool validation_only(const at::Tensor& t) { return t.is_meta(); }
+
+// What a launch's device guard selects: no device for meta stand-ins (nothing launches).
+inline std::optional<c10::Device> launch_device(const at::Tensor& t) {
+  return validation_only(t) ? std::nullopt : std::optional<c10::Device>(t.device());
+}
+
 inline void check_cuda(const char* op, const at::Tensor& t, const char* name) {
-  TORCH_CHECK_VALUE(t.is_cuda(), op, ": ", name, " must be a CUDA tensor, got a tensor on ", t.device());
+  TORCH_CHECK_VALUE(t.is_cuda() || validation_only(t), op, ": ", name, " must be a CUDA tensor, got a tensor on ",
+                    t.device());
 }
 
 inline void check_same_device(const char* op, const at::Tensor& t, const char* name, const at::Tensor& ref,

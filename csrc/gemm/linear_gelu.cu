@@ -114,6 +114,7 @@ void linear_then_gelu(const at::Tensor& x, const at::Tensor& weight, const OptTe
 }
 
 void launch(const at::Tensor& x, const at::Tensor& weight, const OptTensor& bias, at::Tensor& out) {
+  if (validation_only(x)) return;
   const at::cuda::OptionalCUDAGuard device_guard(x.device());
   if (out.numel() == 0) return;
   const auto p = x.size(-1) > 0 ? epilogue_params(x, weight, bias, out) : std::nullopt;
@@ -147,7 +148,7 @@ void linear_gelu_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& wei
 
 bool linear_gelu_fused(const at::Tensor& x, const at::Tensor& weight, const OptTensor& bias) {
   check_inputs(x, weight, bias);
-  if (x.size(-1) == 0 || x.numel() == 0 || weight.size(0) == 0) return false;
+  if (x.size(-1) == 0 || x.numel() == 0 || weight.size(0) == 0 || validation_only(x)) return false;
   const at::cuda::OptionalCUDAGuard device_guard(x.device());
   // The layout of the output the functional form allocates: contiguous rows of N.
   const at::Tensor out = empty_tensor(out_sizes(x, weight), x.options());

@@ -45,7 +45,7 @@ struct Options {
 Options check_args(const char* op, const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& target,
                    const std::optional<at::Tensor>& bias, int64_t ignore_index, std::string_view reduction,
                    double label_smoothing, std::optional<double> softcap, int64_t chunk_rows) {
-  TORCH_CHECK_VALUE(hidden.is_cuda() || hidden.is_cpu(), op,
+  TORCH_CHECK_VALUE(hidden.is_cuda() || hidden.is_cpu() || validation_only(hidden), op,
                     ": hidden must be a CUDA tensor (or a CPU one: the reference path), got a tensor on ",
                     hidden.device());
   const bool cpu = hidden.is_cpu();
@@ -241,6 +241,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_linear_cross_en
   TORCH_CHECK_VALUE(!any_grad || o.reduction != Reduction::kNone, kOp,
                     ": with reduction=\"none\" the gradients depend on each row's incoming gradient: they are "
                     "computed in the backward (", kBackwardOp, "), so compute_grads must be all false");
+  if (validation_only(hidden)) return {empty_like_none(hidden), empty_like_none(hidden), empty_like_none(weight),
+                                       empty_like_none(hidden)};
   const at::cuda::OptionalCUDAGuard device_guard(hidden.is_cuda() ? std::optional<c10::Device>(hidden.device())
                                                                    : std::nullopt);
   Grads grads;
@@ -265,6 +267,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_linear_cross_entropy_backwa
   TORCH_CHECK_VALUE(per_row ? (grad_loss.dim() == 1 && grad_loss.size(0) == hidden.size(0)) : grad_loss.numel() == 1,
                     kBackwardOp, ": grad_loss must be ", per_row ? "[N] (reduction \"none\")" : "a scalar",
                     " like the loss, got shape ", grad_loss.sizes());
+  if (validation_only(hidden)) return {empty_like_none(hidden), empty_like_none(weight), empty_like_none(hidden)};
   const at::cuda::OptionalCUDAGuard device_guard(hidden.is_cuda() ? std::optional<c10::Device>(hidden.device())
                                                                    : std::nullopt);
   Grads grads;

@@ -49,6 +49,7 @@ NormBackwardType resolve_norm_type(const char* op, std::string_view norm) {
 // The (norm, features) kernels the ops use; nothing else is instantiated.
 void launch(const NormBackwardCall& c) {
   const at::Tensor& x = c.h != nullptr ? *c.h : *c.dout;
+  if (validation_only(x)) return;
   const at::cuda::OptionalCUDAGuard device_guard(x.device());
   if (num_rows(x) == 0) {  // no rows: the reduced gradients are sums of nothing
     for (at::Tensor* g : c.grads)

@@ -112,7 +112,7 @@ template <bool kHalfRotation, CosSinSource kSource, typename SetCosSin>
 QkGrads run_qk_backward(const char* op, const at::Tensor& grad_q, const at::Tensor& grad_k, const at::Tensor& q,
                         const at::Tensor& k, const at::Tensor& q_weight, const at::Tensor& k_weight, double eps,
                         std::array<bool, 4> mask, SetCosSin&& set_cos_sin) {
-  const at::cuda::OptionalCUDAGuard device_guard(q.device());
+  const at::cuda::OptionalCUDAGuard device_guard(launch_device(q));
   // Gradients in the caller's shapes (LTX's 3-D), contiguous; the kernels see [B, S, H, d] views.
   at::Tensor dq = empty_tensor(q.sizes(), q.options()), dk = empty_tensor(k.sizes(), k.options());
   at::Tensor dqw = mask[2] ? empty_tensor(q_weight.sizes(), q_weight.options()) : empty_tensor({0}, q.options());
@@ -141,6 +141,7 @@ QkGrads run_qk_backward(const char* op, const at::Tensor& grad_q, const at::Tens
       TORCH_CHECK_VALUE((qk_norm_rope_backward_aligned<kHalfRotation, kSource, qk_backward_min_vec(kHalfRotation)>(p)),
                         op, ": q, k, their gradients", kSource == CosSinSource::kTables ? ", cos, sin" : "",
                         " and the weights must start at even element offsets with even strides (whole pairs)");
+      if (validation_only(q)) return;
       QkNormRopeBackwardPlan plan;
       const int sm_count = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
       const bool fits = plan_qk_norm_rope_backward<kHalfRotation, kSource>(p, sm_count, &plan);

@@ -129,7 +129,7 @@ cudaError_t rotate(const RopeParams<T, table_t>& p, cudaStream_t stream) {
 template <RopeStyle kStyle, bool kFp32Math, bool kCache, bool kInverse = false>
 void run(at::Tensor& q_out, at::Tensor& k_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
          const at::Tensor& sin, const at::Tensor* positions, bool copy_pass_through) {
-  const at::cuda::OptionalCUDAGuard device_guard(q.device());
+  const at::cuda::OptionalCUDAGuard device_guard(launch_device(q));
   dispatch_float_dtype(q.scalar_type(), "q", [&](auto tag) {
     using T = typename decltype(tag)::type;
     auto go = [&](auto table_tag) {
@@ -139,7 +139,7 @@ void run(at::Tensor& q_out, at::Tensor& k_out, const at::Tensor& q, const at::Te
       p.cos = static_cast<const table_t*>(cos.const_data_ptr());
       p.sin = static_cast<const table_t*>(sin.const_data_ptr());
       if constexpr (kCache) {
-        p.positions = positions->const_data_ptr<int64_t>();
+        p.positions = static_cast<const int64_t*>(positions->const_data_ptr());  // untyped: meta stand-ins have none
         p.max_position = cos.size(0);
         p.table_b = 0;
         p.table_s = cos.stride(0);
@@ -151,6 +151,7 @@ void run(at::Tensor& q_out, at::Tensor& k_out, const at::Tensor& q, const at::Te
       p.rotary_dim = static_cast<int>(cos.size(-1));
       p.copy_pass_through = copy_pass_through;
       constexpr CosSinSource kSource = kCache ? CosSinSource::kCache : CosSinSource::kTables;
+      if (validation_only(q)) return;
       const cudaError_t err = rotate<kStyle, kFp32Math, kSource, kInverse>(p, at::cuda::getCurrentCUDAStream());
       TORCH_CHECK(err == cudaSuccess, kOp, ": kernel launch failed: ", cudaGetErrorString(err));
     };
@@ -358,7 +359,7 @@ void check_qk_outputs(const char* op, const at::Tensor& q_out, const at::Tensor&
 template <QkNormRopeForm kForm, CosSinSource kSource, typename SetCosSin>
 void run_qk_norm_rope(const char* op, at::Tensor& q_out, at::Tensor& k_out, const at::Tensor& q, const at::Tensor& k,
                       const at::Tensor& q_weight, const at::Tensor& k_weight, double eps, SetCosSin&& set_cos_sin) {
-  const at::cuda::OptionalCUDAGuard device_guard(q.device());
+  const at::cuda::OptionalCUDAGuard device_guard(launch_device(q));
   dispatch_float_dtype(q.scalar_type(), "q", [&](auto tag) {
     using T = typename decltype(tag)::type;
     auto go = [&](auto weight_tag, auto table_tag) {
@@ -382,6 +383,7 @@ void run_qk_norm_rope(const char* op, at::Tensor& q_out, at::Tensor& k_out, cons
       TORCH_CHECK_VALUE(q.size(3) <= max_width, op, ": rows of more than ", max_width,
                         " elements are not supported here (the whole row is kept in registers; 16-byte aligned "
                         "rows allow more), got width ", q.size(3));
+      if (validation_only(q)) return;
       const cudaError_t err =
           transformer_kernels::qk_norm_rope<kForm, kSource>(p, at::cuda::getCurrentCUDAStream());
       TORCH_CHECK(err == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(err));
@@ -473,7 +475,7 @@ std::tuple<at::Tensor, at::Tensor> run_ltx_rope_from_coords(const char* op, cons
   at::Tensor q_out = empty_tensor(q.sizes(), q.options());
   at::Tensor k_out = empty_tensor(k.sizes(), k.options());
   at::Tensor q_out4 = q_out.unsqueeze(2), k_out4 = k_out.unsqueeze(2);
-  const at::cuda::OptionalCUDAGuard device_guard(q.device());
+  const at::cuda::OptionalCUDAGuard device_guard(launch_device(q));
   dispatch_float_dtype(q.scalar_type(), "q", [&](auto tag) {
     using T = typename decltype(tag)::type;
     RopeParams<T, float> p{};
@@ -481,6 +483,7 @@ std::tuple<at::Tensor, at::Tensor> run_ltx_rope_from_coords(const char* op, cons
     p.coords = ltx_coords(grid, freqs, q.size(2));
     p.head_dim = p.rotary_dim = static_cast<int>(q.size(2));
     p.copy_pass_through = false;  // every channel is rotated (the identity pairs with cos 1, sin 0)
+    if (validation_only(q)) return;
     const cudaError_t err = rotate<RopeStyle::kInterleaved, /*kFp32Math=*/true, CosSinSource::kLtxCoords, kInverse>(
         p, at::cuda::getCurrentCUDAStream());
     TORCH_CHECK(err == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(err));

@@ -24,11 +24,11 @@ inline auto from_tables(const at::Tensor& cos, const at::Tensor& sin) {
 // LTX's coordinates for rows of width C: grid [B or 1, S, 3] (any strides), freqs [C / 6].
 inline LtxCoords ltx_coords(const at::Tensor& grid, const at::Tensor& freqs, int64_t width) {
   LtxCoords c;
-  c.grid = grid.const_data_ptr<float>();
+  c.grid = static_cast<const float*>(grid.const_data_ptr());  // untyped: meta stand-ins have none
   c.grid_b = grid.size(0) == 1 ? 0 : grid.stride(0);
   c.grid_s = grid.stride(1);
   c.grid_c = grid.stride(2);
-  c.freqs = freqs.const_data_ptr<float>();  // never read when C < 6 (no angles)
+  c.freqs = static_cast<const float*>(freqs.const_data_ptr());  // never read when C < 6 (no angles)
   c.pad_pairs = static_cast<int>(width % 6 / 2);
   return c;
 }

@@ -21,7 +21,8 @@ from typing import Optional
 import torch
 
 from ._autograd import dispatch, grad_rows, refuse_grad, register_backward
-from ._ops import add_op_namespace_prefix, ops
+from ._fake import register_fake
+from ._ops import ops
 
 ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
 
@@ -128,59 +129,59 @@ def _check_out(op: str, out: torch.Tensor, shape, dtype: torch.dtype) -> None:
     torch._check(out.dtype == dtype, lambda: f"{op}: out must have dtype {dtype}, got {out.dtype}")
 
 
-@torch.library.register_fake(add_op_namespace_prefix("activation"))
+@register_fake("activation")
 def _(x, act):
     _check_act("activation", act)
     return x.new_empty(x.shape)
 
 
-@torch.library.register_fake(add_op_namespace_prefix("activation_out"))
+@register_fake("activation_out")
 def _(out, x, act):
     _check_act("activation", act)
     _check_out("activation", out, x.shape, x.dtype)
 
 
-@torch.library.register_fake(add_op_namespace_prefix("act_and_mul"))
+@register_fake("act_and_mul")
 def _(x, act, act_first):
     _check_act("act_and_mul", act)
     return x.new_empty(_half_shape(x))
 
 
-@torch.library.register_fake(add_op_namespace_prefix("act_and_mul_out"))
+@register_fake("act_and_mul_out")
 def _(out, x, act, act_first):
     _check_act("act_and_mul", act)
     _check_out("act_and_mul", out, _half_shape(x), x.dtype)
 
 
-@torch.library.register_fake(add_op_namespace_prefix("act_mul"))
+@register_fake("act_mul")
 def _(gate, up, act):
     _check_act("act_mul", act)
     return gate.new_empty(gate.shape)
 
 
-@torch.library.register_fake(add_op_namespace_prefix("act_mul_out"))
+@register_fake("act_mul_out")
 def _(out, gate, up, act):
     _check_act("act_mul", act)
     _check_out("act_mul", out, gate.shape, gate.dtype)
 
 
-@torch.library.register_fake(add_op_namespace_prefix("gated_add"))
+@register_fake("gated_add")
 def _(x, y, gate):
     return x.new_empty(x.shape)
 
 
-@torch.library.register_fake(add_op_namespace_prefix("gated_add_out"))
+@register_fake("gated_add_out")
 def _(out, x, y, gate):
     _check_out("gated_add", out, x.shape, x.dtype)
 
 
-@torch.library.register_fake(add_op_namespace_prefix("activation_backward"))
+@register_fake("activation_backward")
 def _(grad, x, act):
     _check_act("activation_backward", act)
     return x.new_empty(x.shape)
 
 
-@torch.library.register_fake(add_op_namespace_prefix("act_and_mul_backward"))
+@register_fake("act_and_mul_backward")
 def _(grad, x, act, act_first):
     _check_act("act_and_mul_backward", act)
     torch._check(tuple(grad.shape) == tuple(_half_shape(x)),
@@ -188,7 +189,7 @@ def _(grad, x, act, act_first):
     return x.new_empty(x.shape)
 
 
-@torch.library.register_fake(add_op_namespace_prefix("act_mul_backward"))
+@register_fake("act_mul_backward")
 def _(grad, gate, up, act):
     _check_act("act_mul_backward", act)
     return gate.new_empty(gate.shape), gate.new_empty(gate.shape)

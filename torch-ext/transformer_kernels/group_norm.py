@@ -25,7 +25,8 @@ from typing import Optional
 import torch
 
 from ._autograd import dispatch, refuse_grad
-from ._ops import add_op_namespace_prefix, ops
+from ._fake import register_fake
+from ._ops import ops
 
 ACTIVATIONS = ("none", "silu")
 
@@ -155,25 +156,25 @@ def _check_out(op: str, out: torch.Tensor, x: torch.Tensor) -> None:
     torch._check(out.dtype == x.dtype, lambda: f"{op}: out must have dtype {x.dtype}, got {out.dtype}")
 
 
-@torch.library.register_fake(add_op_namespace_prefix("group_norm"))
+@register_fake("group_norm")
 def _(x, num_groups, weight, bias, eps, activation):
     _check("group_norm", x, num_groups, activation)
     return _empty_like_layout(x)
 
 
-@torch.library.register_fake(add_op_namespace_prefix("group_norm_out"))
+@register_fake("group_norm_out")
 def _(out, x, num_groups, weight, bias, eps, activation):
     _check("group_norm", x, num_groups, activation)
     _check_out("group_norm", out, x)
 
 
-@torch.library.register_fake(add_op_namespace_prefix("add_group_norm"))
+@register_fake("add_group_norm")
 def _(x, bias_nc, num_groups, weight, bias, eps, activation):
     _check("add_group_norm", x, num_groups, activation)
     return _empty_like_layout(x)
 
 
-@torch.library.register_fake(add_op_namespace_prefix("add_group_norm_out"))
+@register_fake("add_group_norm_out")
 def _(out, x, bias_nc, num_groups, weight, bias, eps, activation):
     _check("add_group_norm", x, num_groups, activation)
     _check_out("add_group_norm", out, x)

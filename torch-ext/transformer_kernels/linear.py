@@ -13,6 +13,7 @@ from typing import Optional
 
 import torch
 
+from ._fake import register_fake
 from ._ops import add_op_namespace_prefix, ops
 
 
@@ -78,12 +79,12 @@ def _check_shapes(x, weight, bias):
     return (*x.shape[:-1], weight.shape[0])
 
 
-@torch.library.register_fake(add_op_namespace_prefix("linear_gelu"))
+@register_fake("linear_gelu")
 def _(x, weight, bias):
     return x.new_empty(_check_shapes(x, weight, bias))
 
 
-@torch.library.register_fake(add_op_namespace_prefix("linear_gelu_out"))
+@register_fake("linear_gelu_out")
 def _(out, x, weight, bias):
     shape = _check_shapes(x, weight, bias)
     torch._check(tuple(out.shape) == tuple(shape),

@@ -23,7 +23,8 @@ from typing import Optional
 import torch
 
 from ._autograd import dispatch, register_backward
-from ._ops import add_op_namespace_prefix, ops
+from ._fake import register_fake
+from ._ops import ops
 
 REDUCTIONS = ("mean", "sum", "none")
 
@@ -105,7 +106,7 @@ def _grads_like(hidden, weight, bias, compute_grads):
             bias.new_empty(bias.shape) if want_b and bias is not None else hidden.new_empty(0))
 
 
-@torch.library.register_fake(add_op_namespace_prefix("fused_linear_cross_entropy"))
+@register_fake("fused_linear_cross_entropy")
 def _(hidden, weight, target, bias, ignore_index, reduction, label_smoothing, softcap, compute_grads, chunk_rows):
     _check_reduction("fused_linear_cross_entropy", reduction)
     torch._check(reduction != "none" or not any(compute_grads),
@@ -114,7 +115,7 @@ def _(hidden, weight, target, bias, ignore_index, reduction, label_smoothing, so
     return (hidden.new_empty(shape, dtype=_loss_dtype(hidden)), *_grads_like(hidden, weight, bias, compute_grads))
 
 
-@torch.library.register_fake(add_op_namespace_prefix("fused_linear_cross_entropy_backward"))
+@register_fake("fused_linear_cross_entropy_backward")
 def _(grad_loss, hidden, weight, target, bias, ignore_index, reduction, label_smoothing, softcap, compute_grads,
       chunk_rows):
     _check_reduction("fused_linear_cross_entropy_backward", reduction)

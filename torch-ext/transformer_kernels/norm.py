@@ -30,6 +30,7 @@ from typing import Optional, Tuple
 import torch
 
 from ._autograd import dispatch, grad_or_zeros, grad_rows, refuse_grad
+from ._fake import register_fake
 from ._ops import add_op_namespace_prefix, ops
 
 ROUNDINGS = ("hf", "diffusers", "torch")
@@ -253,65 +254,65 @@ def _new(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return x.new_empty(x.shape, dtype=dtype)
 
 
-@torch.library.register_fake(add_op_namespace_prefix("rms_norm"))
+@register_fake("rms_norm")
 def _(x, weight, eps, rounding):
     _check_choice("rms_norm", "rounding", rounding, ROUNDINGS)
     return _new(x, rms_norm_out_dtype(x, weight, rounding))
 
 
-@torch.library.register_fake(add_op_namespace_prefix("rms_norm_out"))
+@register_fake("rms_norm_out")
 def _(out, x, weight, eps, rounding):
     _check_choice("rms_norm", "rounding", rounding, ROUNDINGS)
     _check_out("rms_norm", "out", out, x, rms_norm_out_dtype(x, weight, rounding))
 
 
-@torch.library.register_fake(add_op_namespace_prefix("fused_add_rms_norm"))
+@register_fake("fused_add_rms_norm")
 def _(x, residual, weight, eps, rounding):
     _check_choice("fused_add_rms_norm", "rounding", rounding, ROUNDINGS)
     return _new(x, rms_norm_out_dtype(x, weight, rounding)), _new(x, x.dtype)
 
 
-@torch.library.register_fake(add_op_namespace_prefix("fused_add_rms_norm_out"))
+@register_fake("fused_add_rms_norm_out")
 def _(out, residual_out, x, residual, weight, eps, rounding):
     _check_choice("fused_add_rms_norm", "rounding", rounding, ROUNDINGS)
     _check_out("fused_add_rms_norm", "out", out, x, rms_norm_out_dtype(x, weight, rounding))
     _check_out("fused_add_rms_norm", "residual_out", residual_out, x, x.dtype)
 
 
-@torch.library.register_fake(add_op_namespace_prefix("fused_add_rms_norm_"))
+@register_fake("fused_add_rms_norm_")
 def _(x, residual, weight, eps, rounding):
     _check_choice("fused_add_rms_norm_", "rounding", rounding, ROUNDINGS)
 
 
-@torch.library.register_fake(add_op_namespace_prefix("layer_norm"))
+@register_fake("layer_norm")
 def _(x, weight, bias, eps):
     return _new(x, x.dtype)
 
 
-@torch.library.register_fake(add_op_namespace_prefix("layer_norm_out"))
+@register_fake("layer_norm_out")
 def _(out, x, weight, bias, eps):
     _check_out("layer_norm", "out", out, x, x.dtype)
 
 
-@torch.library.register_fake(add_op_namespace_prefix("norm_modulate"))
+@register_fake("norm_modulate")
 def _(x, scale, shift, weight, bias, eps, norm):
     _check_choice("norm_modulate", "norm", norm, NORMS)
     return _new(x, x.dtype)
 
 
-@torch.library.register_fake(add_op_namespace_prefix("norm_modulate_out"))
+@register_fake("norm_modulate_out")
 def _(out, x, scale, shift, weight, bias, eps, norm):
     _check_choice("norm_modulate", "norm", norm, NORMS)
     _check_out("norm_modulate", "out", out, x, x.dtype)
 
 
-@torch.library.register_fake(add_op_namespace_prefix("gated_add_norm_modulate"))
+@register_fake("gated_add_norm_modulate")
 def _(x, y, gate, scale, shift, weight, bias, eps, norm):
     _check_choice("gated_add_norm_modulate", "norm", norm, NORMS)
     return _new(x, x.dtype), _new(x, x.dtype)
 
 
-@torch.library.register_fake(add_op_namespace_prefix("gated_add_norm_modulate_out"))
+@register_fake("gated_add_norm_modulate_out")
 def _(h_out, out, x, y, gate, scale, shift, weight, bias, eps, norm):
     _check_choice("gated_add_norm_modulate", "norm", norm, NORMS)
     _check_out("gated_add_norm_modulate", "h_out", h_out, x, x.dtype)
@@ -337,29 +338,29 @@ def _grad_like(asked: bool, t: Optional[torch.Tensor], x: torch.Tensor) -> torch
     return t.new_empty(t.shape) if asked and t is not None else _not_asked(x)
 
 
-@torch.library.register_fake(add_op_namespace_prefix("rms_norm_backward"))
+@register_fake("rms_norm_backward")
 def _(grad_out, x, weight, eps, output_mask):
     return _grad_like(output_mask[0], x, x), _grad_like(output_mask[1], weight, x)
 
 
-@torch.library.register_fake(add_op_namespace_prefix("fused_add_rms_norm_backward"))
+@register_fake("fused_add_rms_norm_backward")
 def _(grad_out, grad_residual_out, residual_out, weight, eps, output_mask):
     return _grad_like(output_mask[0], residual_out, residual_out), _grad_like(output_mask[1], weight, residual_out)
 
 
-@torch.library.register_fake(add_op_namespace_prefix("layer_norm_backward"))
+@register_fake("layer_norm_backward")
 def _(grad_out, x, weight, bias, eps, output_mask):
     return (_grad_like(output_mask[0], x, x), _grad_like(output_mask[1], weight, x),
             _grad_like(output_mask[2], bias, x))
 
 
-@torch.library.register_fake(add_op_namespace_prefix("norm_modulate_backward"))
+@register_fake("norm_modulate_backward")
 def _(grad_out, x, scale, shift, weight, bias, eps, norm, output_mask):
     _check_choice("norm_modulate_backward", "norm", norm, NORMS)
     return tuple(_grad_like(asked, t, x) for asked, t in zip(output_mask, (x, scale, shift, weight, bias)))
 
 
-@torch.library.register_fake(add_op_namespace_prefix("gated_add_norm_modulate_backward"))
+@register_fake("gated_add_norm_modulate_backward")
 def _(grad_h, grad_out, h, y, gate, scale, shift, weight, bias, eps, norm, output_mask):
     _check_choice("gated_add_norm_modulate_backward", "norm", norm, NORMS)
     # Without a gate y's gradient is x's: x's is computed for either, y's slot stays empty.
@@ -369,7 +370,7 @@ def _(grad_h, grad_out, h, y, gate, scale, shift, weight, bias, eps, norm, outpu
     return (dx, dy, *rest)
 
 
-@torch.library.register_fake(add_op_namespace_prefix("gated_add_backward"))
+@register_fake("gated_add_backward")
 def _(grad_out, y, gate, output_mask):
     return _grad_like(output_mask[0], grad_out, grad_out), _grad_like(output_mask[1], gate, grad_out)
 

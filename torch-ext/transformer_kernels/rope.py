@@ -42,6 +42,7 @@ from typing import Optional, Tuple
 import torch
 
 from ._autograd import check_no_grad, dispatch, grad_or_zeros, grad_rows, refuse_grad, register_backward
+from ._fake import register_fake
 from ._ops import add_op_namespace_prefix, ops
 
 STYLES = ("neox", "interleaved")
@@ -231,13 +232,13 @@ _ltx_rope_from_coords = ops.ltx_rope_from_coords.default
 _ltx_qk_norm_rope_from_coords = ops.ltx_qk_norm_rope_from_coords.default
 
 
-@torch.library.register_fake(add_op_namespace_prefix("rope"))
+@register_fake("rope")
 def _(q, k, cos, sin, style, fp32_math):
     torch._check(style in STYLES, lambda: f"rope: style must be one of {STYLES}, got {style!r}")
     return q.new_empty(q.shape), k.new_empty(k.shape)
 
 
-@torch.library.register_fake(add_op_namespace_prefix("rope_"))
+@register_fake("rope_")
 def _(q, k, cos, sin, style, fp32_math):
     torch._check(style in STYLES, lambda: f"rope: style must be one of {STYLES}, got {style!r}")
 
@@ -248,7 +249,7 @@ def _check_unsqueeze_dim(q, k, unsqueeze_dim):
     torch._check(q.dim() == 4 and k.dim() == 4, lambda: "apply_rotary_pos_emb: q and k must be 4-D")
 
 
-@torch.library.register_fake(add_op_namespace_prefix("hf_rope"))
+@register_fake("hf_rope")
 def _(q, k, cos, sin, unsqueeze_dim):
     _check_unsqueeze_dim(q, k, unsqueeze_dim)
 
@@ -260,28 +261,28 @@ def _(q, k, cos, sin, unsqueeze_dim):
     return like(q), like(k)
 
 
-@torch.library.register_fake(add_op_namespace_prefix("hf_rope_"))
+@register_fake("hf_rope_")
 def _(q, k, cos, sin, unsqueeze_dim):
     _check_unsqueeze_dim(q, k, unsqueeze_dim)
 
 
-@torch.library.register_fake(add_op_namespace_prefix("rope_cached_"))
+@register_fake("rope_cached_")
 def _(positions, query, key, head_size, cos_sin_cache, style):
     torch._check(style in STYLES, lambda: f"rope: style must be one of {STYLES}, got {style!r}")
     return None
 
 
-@torch.library.register_fake(add_op_namespace_prefix("qk_norm_rope"))
+@register_fake("qk_norm_rope")
 def _(q, k, q_weight, k_weight, eps, cos, sin):
     return q.new_empty(q.shape), k.new_empty(k.shape)
 
 
-@torch.library.register_fake(add_op_namespace_prefix("hf_qk_norm_rope"))
+@register_fake("hf_qk_norm_rope")
 def _(q, k, q_weight, k_weight, eps, cos, sin):
     return q.new_empty(q.shape), k.new_empty(k.shape)
 
 
-@torch.library.register_fake(add_op_namespace_prefix("hf_qk_norm_rope_out"))
+@register_fake("hf_qk_norm_rope_out")
 def _(q_out, k_out, q, k, q_weight, k_weight, eps, cos, sin):
     for out, name, x in ((q_out, "q_out", q), (k_out, "k_out", k)):  # the checks the C++ op makes first
         torch._check(out.shape == x.shape,
@@ -290,23 +291,23 @@ def _(q_out, k_out, q, k, q_weight, k_weight, eps, cos, sin):
                      lambda: f"hf_qk_norm_rope: {name} must have dtype {q.dtype}, got {out.dtype}")
 
 
-@torch.library.register_fake(add_op_namespace_prefix("ltx_rope_from_coords"))
+@register_fake("ltx_rope_from_coords")
 def _(q, k, grid, freqs):
     return q.new_empty(q.shape), k.new_empty(k.shape)
 
 
-@torch.library.register_fake(add_op_namespace_prefix("ltx_qk_norm_rope_from_coords"))
+@register_fake("ltx_qk_norm_rope_from_coords")
 def _(q, k, q_weight, k_weight, eps, grid, freqs):
     return q.new_empty(q.shape), k.new_empty(k.shape)
 
 
-@torch.library.register_fake(add_op_namespace_prefix("rope_backward"))
+@register_fake("rope_backward")
 def _(grad_q, grad_k, cos, sin, style, fp32_math):
     torch._check(style in STYLES, lambda: f"rope: style must be one of {STYLES}, got {style!r}")
     return grad_q.new_empty(grad_q.shape), grad_k.new_empty(grad_k.shape)
 
 
-@torch.library.register_fake(add_op_namespace_prefix("ltx_rope_from_coords_backward"))
+@register_fake("ltx_rope_from_coords_backward")
 def _(grad_q, grad_k, grid, freqs):
     return grad_q.new_empty(grad_q.shape), grad_k.new_empty(grad_k.shape)
 
@@ -377,7 +378,7 @@ def _qk_backward_fake(grad_q_out, grad_k_out, q, k, q_weight, k_weight, eps, cos
 
 
 for _name in ("qk_norm_rope_backward", "hf_qk_norm_rope_backward", "ltx_qk_norm_rope_from_coords_backward"):
-    torch.library.register_fake(add_op_namespace_prefix(_name), _qk_backward_fake)
+    register_fake(_name)(_qk_backward_fake)
 
 
 def _qk_norm_rope_setup(op: str, what: Tuple[str, str]):

@@ -1,0 +1,72 @@
+"""Fake (meta) impls that check their arguments as the kernels do.
+
+``register_fake(name)`` is ``torch.library.register_fake`` for op ``name`` of this build's
+namespace, with the op's own C++ checks run first: the op's CUDA kernel is called on meta stand-ins
+of the arguments (same sizes, strides, offsets and dtypes, no memory), where every check runs and
+nothing launches (``validation_only`` in csrc/common/checks.h). A fake then raises what the kernel
+raises, the same exception type and message, under ``torch.compile`` at trace time instead of at
+run time, with one copy of each check (C++).
+
+What the stand-ins cannot show is checked at run time only: whether outputs share memory with
+inputs (meta tensors have no addresses), device placement (they are all meta), the pointer
+alignment the kernels' plans depend on, and arguments with symbolic sizes (``dynamic=True``) or on
+the CPU (the CPU paths check themselves).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._ops import add_op_namespace_prefix, ops
+
+_CUDA_KERNEL = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
+
+
+def _concrete(t: torch.Tensor) -> bool:
+    return all(type(v) is int for v in (*t.shape, *t.stride(), t.storage_offset()))
+
+
+def _meta_stand_in(t: torch.Tensor) -> torch.Tensor:
+    """A meta tensor with t's sizes, strides, storage offset and dtype."""
+    extent = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()) if n > 0) if t.numel() else 0
+    storage = torch.empty(t.storage_offset() + extent, dtype=t.dtype, device="meta")
+    return storage.as_strided(t.shape, t.stride(), t.storage_offset())
+
+
+def _stand_ins(value):
+    if isinstance(value, torch.Tensor):
+        return _meta_stand_in(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_stand_ins(v) for v in value)
+    return value
+
+
+def check_like_the_kernel(name: str, args: tuple, kwargs: dict) -> None:
+    """Runs op `name`'s C++ checks on meta stand-ins of `args` (see the module docstring)."""
+    tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+    tensors += [t for a in (*args, *kwargs.values()) if isinstance(a, (list, tuple)) for t in a
+                if isinstance(t, torch.Tensor)]
+    if any(t.device.type == "cpu" for t in tensors) or not all(_concrete(t) for t in tensors):
+        return
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(add_op_namespace_prefix(name), "CUDA"):
+        return  # a build of the package without CUDA kernels (the CPU test stand-ins)
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily(), torch._C._AutoDispatchBelowADInplaceOrView():
+        getattr(ops, name).default.redispatch(_CUDA_KERNEL, *_stand_ins(args), **_stand_ins(kwargs))
+
+
+def register_fake(name: str):
+    """``torch.library.register_fake`` for op `name`, the kernel's checks first."""
+
+    def register(fake):
+        def checked_fake(*args, **kwargs):
+            check_like_the_kernel(name, args, kwargs)
+            return fake(*args, **kwargs)
+
+        checked_fake.__name__ = checked_fake.__qualname__ = f"fake_{name}"
+        checked_fake.__doc__ = fake.__doc__
+        torch.library.register_fake(add_op_namespace_prefix(name))(checked_fake)
+        return fake
+
+    return register
