@@ -167,6 +167,10 @@ at::Tensor run_chunks(const at::Tensor& hidden, const at::Tensor& weight, const 
   const int64_t rows = chunk_rows_for(n, h, v, requested_rows);
   at::Tensor loss = empty_tensor({n}, hidden.options().dtype(hidden.scalar_type() == at::kDouble ? at::kDouble : at::kFloat));
   at::Tensor buffer = empty_tensor({std::min(rows, std::max<int64_t>(n, 1)), padded_width(v, hidden)}, hidden.options());
+  // The padding columns past V are never written, but cuBLAS reads whole 16-byte vectors of a row
+  // (compute-sanitizer's initcheck on the H200): zeros there, so that nothing left in the allocator's
+  // memory (NaN, say) can reach a product.
+  if (buffer.size(1) > v) buffer.narrow(1, v, buffer.size(1) - v).zero_();
   const bool with_bias = bias.has_value();
   const at::ScalarType acc = hidden.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   if (scale != nullptr) {
