@@ -35,6 +35,13 @@ def main():
         print(f"probe {dtype}: our linear_gelu (the sanitizer run's case)", flush=True)
         tk.linear_gelu(x, w)
         torch.cuda.synchronize()
+        # If the GELU read its output buffer rather than the GEMM's, an output written before (zeros)
+        # silences it here; if it reads the GEMM's output, the reports stay.
+        out = torch.zeros(*x.shape[:-1], w.shape[0], dtype=dtype, device="cuda")
+        torch.cuda.synchronize()
+        print(f"probe {dtype}: our linear_gelu into an output written before", flush=True)
+        tk.linear_gelu(x, w, out=out)
+        torch.cuda.synchronize()
 
 
 if __name__ == "__main__":
