@@ -120,3 +120,37 @@ def test_build_toml_rules_reject(case, tmp_path):
         shutil.copytree(ROOT / rel, tmp_path / rel)
     with pytest.raises(BuildConfigError):
         load_config(tmp_path)
+
+
+# ---- one declaration per entry point: csrc/<family>/ops.h ----
+
+def declared_entry_points() -> dict[str, set[str]]:
+    """family -> the entry points its csrc/<family>/ops.h declares."""
+    found = {}
+    for header in sorted((ROOT / "csrc").glob("*/ops.h")):
+        text = header.read_text()
+        found[header.parent.name] = set(re.findall(r"(\w+)\(\s*(?:const |at::Tensor|std::optional)", text))
+    return found
+
+
+def test_each_family_declares_its_entry_points_once_and_pins_them():
+    """Every entry point is declared in its family's ops.h, pinned in one of the family's .cu files
+    (kDeclaredEntryPoints: a definition with another signature fails to compile there), and the
+    binding includes every ops.h (and no other declaration of them) and registers only declared ones."""
+    declared = declared_entry_points()
+    assert set(declared) == {"activation", "gemm", "group_norm", "loss", "norm", "rope"}, declared.keys()
+    everything = set().union(*declared.values())
+    assert sum(len(v) for v in declared.values()) == len(everything), "an entry point declared twice"
+    for family, names in declared.items():
+        pinned = set()
+        for unit in (ROOT / "csrc" / family).glob("*.cu"):
+            text = unit.read_text()
+            assert f'#include "{family}/ops.h"' in text or "kDeclaredEntryPoints" not in text, unit
+            for block in re.findall(r"kDeclaredEntryPoints = std::make_tuple\((.*?)\);", text, re.S):
+                pinned |= set(re.findall(r"&(\w+)", block))
+        assert pinned == names, f"{family}: declared but not pinned {names - pinned}, pinned but not declared {pinned - names}"
+    binding = (ROOT / "torch-ext" / "torch_binding.cpp").read_text()
+    assert {f'#include "{family}/ops.h"' for family in declared} <= set(binding.splitlines())
+    registered = set(re.findall(r"&tk::(\w+)", binding))
+    assert registered == everything, (registered ^ everything)
+    assert not (ROOT / "torch-ext" / "torch_binding.h").exists()

@@ -69,6 +69,7 @@ class KernelConfig:
     repo_id: str | None
     binding_sources: list[str]  # [torch] src
     kernels: dict[str, dict]    # [kernel.<family>] tables
+    binding_include: tuple[str, ...] = ()  # [torch] include
 
     @property
     def sources(self) -> list[str]:
@@ -79,7 +80,7 @@ class KernelConfig:
 
     @property
     def include_dirs(self) -> list[str]:
-        dirs = ["torch-ext"]
+        dirs = ["torch-ext", *self.binding_include]
         for kernel in self.kernels.values():
             dirs += [d for d in kernel.get("include", []) if d not in dirs]
         return dirs
@@ -120,7 +121,7 @@ def load_config(root: Path = ROOT) -> KernelConfig:
     require(not unknown, f"unknown keys in [torch]: {sorted(unknown)}")
     binding = torch_section.get("src", [])
     require(any(s.endswith(".cpp") for s in binding) and any(s.endswith(".h") for s in binding),
-            "[torch] src must list the binding .cpp and .h")
+            "[torch] src must list the binding .cpp and the headers it includes")
 
     kernels = data.get("kernel", {})
     require(bool(kernels), "at least one [kernel.<name>] section is required")
@@ -156,6 +157,7 @@ def load_config(root: Path = ROOT) -> KernelConfig:
         repo_id=general.get("hub", {}).get("repo-id"),
         binding_sources=binding,
         kernels=kernels,
+        binding_include=tuple(torch_section.get("include", [])),
     )
 
 

@@ -1,15 +1,22 @@
 // Op schemas and their CUDA implementations. The namespace (TORCH_EXTENSION_NAME) carries a
 // per-build id and is only known at build time; Python reaches the ops through `_ops.ops`.
 // Every op has a functional form (allocates its outputs) and an out= form (`Tensor!` outputs first).
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/DeviceType.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/library.h>
 
 #include <string>
 #include <vector>
 
+#include "activation/ops.h"
+#include "gemm/ops.h"
+#include "group_norm/ops.h"
+#include "loss/ops.h"
+#include "norm/ops.h"
 #include "registration.h"
-#include "torch_binding.h"
+#include "rope/ops.h"
 
 namespace tk = transformer_kernels;
 
@@ -141,7 +148,7 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
 
   // Every op is registered for CPU too, with the same entry point: CPU tensors then fail with a
   // clear "must be a CUDA tensor" instead of the dispatcher's "no kernel for CPU".
-  for (const auto key : {torch::kCUDA, torch::kCPU}) {
+  for (const auto key : {c10::kCUDA, c10::kCPU}) {
     ops.impl("rms_norm", key, &tk::rms_norm);
     ops.impl("rms_norm_out", key, &tk::rms_norm_out);
     ops.impl("fused_add_rms_norm", key, &tk::fused_add_rms_norm);
@@ -203,7 +210,7 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   ops.def("ltx_qk_norm_rope_from_coords_backward(Tensor grad_q_out, Tensor grad_k_out, Tensor q, Tensor k,"
           " Tensor q_weight, Tensor k_weight, float eps, Tensor grid, Tensor freqs, bool[4] output_mask)"
           " -> (Tensor, Tensor, Tensor, Tensor)");
-  for (const auto key : {torch::kCUDA, torch::kCPU}) {
+  for (const auto key : {c10::kCUDA, c10::kCPU}) {
     ops.impl("rms_norm_backward", key, &tk::rms_norm_backward);
     ops.impl("fused_add_rms_norm_backward", key, &tk::fused_add_rms_norm_backward);
     ops.impl("layer_norm_backward", key, &tk::layer_norm_backward);
@@ -237,7 +244,7 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   ops.def("fused_linear_cross_entropy_backward(Tensor grad_loss, Tensor hidden, Tensor weight, Tensor target, "
           "Tensor? bias, int ignore_index, str reduction, float label_smoothing, float? softcap, bool[3] compute_grads, "
           "int chunk_rows) -> (Tensor, Tensor, Tensor)");
-  for (const auto key : {torch::kCUDA, torch::kCPU}) {  // the cross-entropy runs on CPU too (a reference path)
+  for (const auto key : {c10::kCUDA, c10::kCPU}) {  // the cross-entropy runs on CPU too (a reference path)
     ops.impl("activation_backward", key, &tk::activation_backward);
     ops.impl("act_and_mul_backward", key, &tk::act_and_mul_backward);
     ops.impl("act_mul_backward", key, &tk::act_mul_backward);

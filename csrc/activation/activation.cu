@@ -4,8 +4,10 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include <string_view>
+#include <tuple>
 
 #include "activation/activation.cuh"
+#include "activation/ops.h"
 #include "common/alloc.h"
 #include "common/checks.h"
 #include "common/dispatch.h"
@@ -203,5 +205,11 @@ void gated_add_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& y, co
   check_output("gated_add", out, "out", x, x.sizes(), x.scalar_type(), {{&x, "x"}, {&y, "y"}, {&gate, "gate"}});
   launch(c);
 }
+
+// The entry points defined above are the ones ops.h declares: a definition with another signature
+// would be a second overload, and taking its address here ambiguous (a compile error, not a failure
+// to load the extension).
+[[maybe_unused]] constexpr auto kDeclaredEntryPoints = std::make_tuple(&activation, &activation_out, &act_and_mul,
+    &act_and_mul_out, &act_mul, &act_mul_out, &gated_add, &gated_add_out);
 
 }  // namespace transformer_kernels

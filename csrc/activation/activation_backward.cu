@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "activation/activation_backward.cuh"
+#include "activation/ops.h"
 #include "common/alloc.h"
 #include "common/checks.h"
 #include "common/dispatch.h"
@@ -72,7 +73,7 @@ void run(const BackwardCall& c) {
     p.grad_gated_rows = c.grad_gated_rows;
     p.num_rows = c.num_rows;
     p.cols = c.cols;
-    const cudaError_t err = activation_backward<kOp, kAct>(p, at::cuda::getCurrentCUDAStream());
+    const cudaError_t err = ActivationBackward<kOp, kAct>(p, at::cuda::getCurrentCUDAStream());
     TORCH_CHECK(err == cudaSuccess, c.op, ": kernel launch failed: ", cudaGetErrorString(err));
   });
 }
@@ -166,5 +167,11 @@ std::tuple<at::Tensor, at::Tensor> act_mul_backward(const at::Tensor& grad, cons
   launch<Elementwise::kActMul>(c);
   return {grad_gate, grad_up};
 }
+
+// The entry points defined above are the ones ops.h declares: a definition with another signature
+// would be a second overload, and taking its address here ambiguous (a compile error, not a failure
+// to load the extension).
+[[maybe_unused]] constexpr auto kDeclaredEntryPoints = std::make_tuple(&activation_backward, &act_and_mul_backward,
+    &act_mul_backward);
 
 }  // namespace transformer_kernels

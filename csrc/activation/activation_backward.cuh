@@ -183,7 +183,7 @@ cudaError_t launch(ActivationBackwardParams<T> p, cudaStream_t stream) {
 
 // Host launcher: 16-byte vectors when every pointer and row stride allows it, scalar otherwise.
 template <Elementwise kOp, Activation kAct, typename T>
-cudaError_t activation_backward(const ActivationBackwardParams<T>& p, cudaStream_t stream) {
+cudaError_t ActivationBackward(const ActivationBackwardParams<T>& p, cudaStream_t stream) {
   static_assert(kOp != Elementwise::kGatedAdd, "gated_add's backward belongs to the norm family's files");
   if (p.num_rows == 0 || p.cols == 0) return cudaSuccess;
   constexpr int kVec = vec_size<T>();

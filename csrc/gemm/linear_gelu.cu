@@ -8,6 +8,7 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include <optional>
+#include <tuple>
 #include <vector>
 
 #include "activation/activation.cuh"
@@ -15,6 +16,7 @@
 #include "common/checks.h"
 #include "common/dispatch.h"
 #include "gemm/linear_gelu.cuh"
+#include "gemm/ops.h"
 
 namespace transformer_kernels {
 namespace {
@@ -119,7 +121,7 @@ void launch(const at::Tensor& x, const at::Tensor& weight, const OptTensor& bias
   if (out.numel() == 0) return;
   const auto p = x.size(-1) > 0 ? epilogue_params(x, weight, bias, out) : std::nullopt;
   if (p) {
-    const cublasStatus_t status = linear_gelu(at::cuda::getCurrentCUDABlasLtHandle(), *p, torch_workspace(),
+    const cublasStatus_t status = LinearGelu(at::cuda::getCurrentCUDABlasLtHandle(), *p, torch_workspace(),
                                               at::cuda::getCurrentCUDAStream());
     if (status == CUBLAS_STATUS_SUCCESS) return;
     // No epilogue algorithm for this case (or cuBLASLt refused the launch): the separate pair below.
@@ -153,8 +155,14 @@ bool linear_gelu_fused(const at::Tensor& x, const at::Tensor& weight, const OptT
   // The layout of the output the functional form allocates: contiguous rows of N.
   const at::Tensor out = empty_tensor(out_sizes(x, weight), x.options());
   const auto p = epilogue_params(x, weight, bias, out);
-  return p && linear_gelu(at::cuda::getCurrentCUDABlasLtHandle(), *p, torch_workspace(),
+  return p && LinearGelu(at::cuda::getCurrentCUDABlasLtHandle(), *p, torch_workspace(),
                           at::cuda::getCurrentCUDAStream(), /*launch=*/false) == CUBLAS_STATUS_SUCCESS;
 }
+
+// The entry points defined above are the ones ops.h declares: a definition with another signature
+// would be a second overload, and taking its address here ambiguous (a compile error, not a failure
+// to load the extension).
+[[maybe_unused]] constexpr auto kDeclaredEntryPoints = std::make_tuple(&linear_gelu, &linear_gelu_out,
+    &linear_gelu_fused);
 
 }  // namespace transformer_kernels

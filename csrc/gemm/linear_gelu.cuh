@@ -91,7 +91,7 @@ cublasStatus_t set_pref(cublasLtMatmulPreference_t d, cublasLtMatmulPreferenceAt
 // algorithm takes this dtype, layout or alignment with the epilogue on this GPU (the caller then
 // computes the GEMM and the activation separately). Only host calls besides the launch: legal
 // during CUDA-graph capture (the launch is captured; nothing is synchronized or allocated).
-inline cublasStatus_t linear_gelu(cublasLtHandle_t handle, const LinearGeluParams& p, GemmWorkspace workspace,
+inline cublasStatus_t LinearGelu(cublasLtHandle_t handle, const LinearGeluParams& p, GemmWorkspace workspace,
                                   cudaStream_t stream, bool launch = true) {
   using namespace linear_gelu_detail;
   const cudaDataType_t type = data_type(p.dtype);

@@ -749,7 +749,7 @@ cudaError_t launch(const GroupNormParams<T>& p, cudaStream_t stream) {
 // Host launcher. p.plan from group_norm_plan (with its dividers), p.workspace of
 // group_norm_workspace_floats floats when that is not 0.
 template <typename T>
-cudaError_t group_norm(const GroupNormParams<T>& p, cudaStream_t stream) {
+cudaError_t GroupNorm(const GroupNormParams<T>& p, cudaStream_t stream) {
   using namespace group_norm_detail;
   if (p.batch == 0 || p.channels == 0 || p.spatial == 0) return cudaSuccess;
   if (p.groups <= 0 || p.channels % p.groups != 0 || p.plan.threads <= 0 || !group_norm_plan_supported(p.plan) ||

@@ -19,6 +19,7 @@
 #include "common/checks.h"
 #include "common/dispatch.h"
 #include "loss/cross_entropy.cuh"
+#include "loss/ops.h"
 
 namespace transformer_kernels {
 namespace {
@@ -281,5 +282,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_linear_cross_entropy_backwa
           grads.weight.defined() ? grads.weight : empty_like_none(weight),
           grads.bias.defined() ? grads.bias : empty_like_none(hidden)};
 }
+
+// The entry points defined above are the ones ops.h declares: a definition with another signature
+// would be a second overload, and taking its address here ambiguous (a compile error, not a failure
+// to load the extension).
+[[maybe_unused]] constexpr auto kDeclaredEntryPoints = std::make_tuple(&fused_linear_cross_entropy,
+    &fused_linear_cross_entropy_backward);
 
 }  // namespace transformer_kernels

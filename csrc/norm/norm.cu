@@ -11,6 +11,7 @@
 #include "common/checks.h"
 #include "common/dispatch.h"
 #include "norm/norm_call.h"
+#include "norm/ops.h"
 
 namespace transformer_kernels {
 namespace {
@@ -385,5 +386,12 @@ void gated_add_norm_modulate_out(at::Tensor& h_out, at::Tensor& out, const at::T
   check_no_overlap(op, out, "out", h_out, "h_out");
   launch(c);
 }
+
+// The entry points defined above are the ones ops.h declares: a definition with another signature
+// would be a second overload, and taking its address here ambiguous (a compile error, not a failure
+// to load the extension).
+[[maybe_unused]] constexpr auto kDeclaredEntryPoints = std::make_tuple(&rms_norm, &rms_norm_out, &fused_add_rms_norm,
+    &fused_add_rms_norm_out, &fused_add_rms_norm_inplace, &layer_norm, &layer_norm_out, &norm_modulate,
+    &norm_modulate_out, &gated_add_norm_modulate, &gated_add_norm_modulate_out);
 
 }  // namespace transformer_kernels

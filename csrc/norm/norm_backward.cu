@@ -12,6 +12,7 @@
 #include "common/alloc.h"
 #include "common/checks.h"
 #include "norm/norm_backward_call.h"
+#include "norm/ops.h"
 
 namespace transformer_kernels {
 namespace {
@@ -230,5 +231,12 @@ std::tuple<at::Tensor, at::Tensor> gated_add_backward(const at::Tensor& grad_out
   if (anything_asked(c)) launch(c);
   return {dy, dgate};
 }
+
+// The entry points defined above are the ones ops.h declares: a definition with another signature
+// would be a second overload, and taking its address here ambiguous (a compile error, not a failure
+// to load the extension).
+[[maybe_unused]] constexpr auto kDeclaredEntryPoints = std::make_tuple(&rms_norm_backward,
+    &fused_add_rms_norm_backward, &layer_norm_backward, &norm_modulate_backward, &gated_add_norm_modulate_backward,
+    &gated_add_backward);
 
 }  // namespace transformer_kernels

@@ -371,7 +371,7 @@ bool qk_norm_rope_aligned(const QkNormRopeParams<T, weight_t, table_t>& p) {
 // pairs). Coordinate form: p.coords set, q and k one norm group each.
 template <QkNormRopeForm kForm, CosSinSource kSource, typename Policy = QkNormRopePolicy, typename T,
           typename weight_t, typename table_t>
-cudaError_t qk_norm_rope(const QkNormRopeParams<T, weight_t, table_t>& p, cudaStream_t stream) {
+cudaError_t QkNormRope(const QkNormRopeParams<T, weight_t, table_t>& p, cudaStream_t stream) {
   if (p.qk.num_rows() == 0 || p.width == 0) return cudaSuccess;
   constexpr int kVec = vec_size<T>();
   constexpr int kMinVec = qk_norm_rope_detail::min_vec(kForm);

@@ -13,6 +13,7 @@
 #include "common/alloc.h"
 #include "common/checks.h"
 #include "common/dispatch.h"
+#include "rope/ops.h"
 #include "rope/qk_norm_rope_backward.cuh"
 #include "rope/rope_sources.h"
 
@@ -157,7 +158,7 @@ QkGrads run_qk_backward(const char* op, const at::Tensor& grad_q, const at::Tens
         k_partials = empty_tensor({plan.k_items, p.width}, q.options().dtype(at::kFloat));
         p.k_partials = k_partials.data_ptr<float>();
       }
-      const cudaError_t err = qk_norm_rope_backward<kHalfRotation, kSource>(
+      const cudaError_t err = QkNormRopeBackward<kHalfRotation, kSource>(
           p, plan, mask[2] ? static_cast<W*>(dqw.data_ptr()) : nullptr,
           mask[3] ? static_cast<W*>(dkw.data_ptr()) : nullptr, at::cuda::getCurrentCUDAStream());
       TORCH_CHECK(err == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(err));
@@ -207,5 +208,11 @@ QkGrads ltx_qk_norm_rope_from_coords_backward(const at::Tensor& grad_q_out, cons
   return run_qk_backward<false, CosSinSource::kLtxCoords>(op, grad_q_out, grad_k_out, q, k, q_weight, k_weight, eps,
                                                           output_mask, [&coords](auto& p) { p.coords = coords; });
 }
+
+// The entry points defined above are the ones ops.h declares: a definition with another signature
+// would be a second overload, and taking its address here ambiguous (a compile error, not a failure
+// to load the extension).
+[[maybe_unused]] constexpr auto kDeclaredEntryPoints = std::make_tuple(&qk_norm_rope_backward,
+    &hf_qk_norm_rope_backward, &ltx_qk_norm_rope_from_coords_backward);
 
 }  // namespace transformer_kernels

@@ -301,7 +301,7 @@ bool plan_qk_norm_rope_backward(QkNormRopeBackwardParams<T, weight_t, table_t>& 
 // Launches the planned kernel, then the column sums of the weights' gradients into dq_weight and
 // dk_weight ([L] each, weight_t; nullptr where not wanted, as the partials).
 template <bool kHalfRotation, CosSinSource kSource, typename T, typename weight_t, typename table_t>
-cudaError_t qk_norm_rope_backward(const QkNormRopeBackwardParams<T, weight_t, table_t>& p,
+cudaError_t QkNormRopeBackward(const QkNormRopeBackwardParams<T, weight_t, table_t>& p,
                                   const QkNormRopeBackwardPlan& plan, weight_t* dq_weight, weight_t* dk_weight,
                                   cudaStream_t stream) {
   using namespace qk_norm_rope_backward_detail;

@@ -13,6 +13,7 @@
 #include "common/alloc.h"
 #include "common/checks.h"
 #include "common/dispatch.h"
+#include "rope/ops.h"
 #include "rope/qk_norm_rope.cuh"
 #include "rope/rope.cuh"
 #include "rope/rope_sources.h"
@@ -113,13 +114,13 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& co
                     q.size(3));
 }
 
-// rope() or, for the backward ops, rope_backward(): only the one asked for is compiled.
+// Rope() or, for the backward ops, RopeBackward(): only the one asked for is compiled.
 template <RopeStyle kStyle, bool kFp32Math, CosSinSource kSource, bool kInverse, typename T, typename table_t>
 cudaError_t rotate(const RopeParams<T, table_t>& p, cudaStream_t stream) {
   if constexpr (kInverse) {
-    return rope_backward<kStyle, kFp32Math, kSource>(p, stream);
+    return RopeBackward<kStyle, kFp32Math, kSource>(p, stream);
   } else {
-    return rope<kStyle, kFp32Math, kSource>(p, stream);
+    return Rope<kStyle, kFp32Math, kSource>(p, stream);
   }
 }
 
@@ -385,7 +386,7 @@ void run_qk_norm_rope(const char* op, at::Tensor& q_out, at::Tensor& k_out, cons
                         "rows allow more), got width ", q.size(3));
       if (validation_only(q)) return;
       const cudaError_t err =
-          transformer_kernels::qk_norm_rope<kForm, kSource>(p, at::cuda::getCurrentCUDAStream());
+          QkNormRope<kForm, kSource>(p, at::cuda::getCurrentCUDAStream());
       TORCH_CHECK(err == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(err));
     };
     if constexpr (kForm == QkNormRopeForm::kTransformers) {
@@ -550,5 +551,12 @@ std::tuple<at::Tensor, at::Tensor> ltx_rope_from_coords_backward(const at::Tenso
                                                                  const at::Tensor& grid, const at::Tensor& freqs) {
   return run_ltx_rope_from_coords<true>("ltx_rope_from_coords_backward", grad_q, grad_k, grid, freqs);
 }
+
+// The entry points defined above are the ones ops.h declares: a definition with another signature
+// would be a second overload, and taking its address here ambiguous (a compile error, not a failure
+// to load the extension).
+[[maybe_unused]] constexpr auto kDeclaredEntryPoints = std::make_tuple(&rope, &rope_, &hf_rope, &hf_rope_,
+    &qk_norm_rope, &hf_qk_norm_rope, &hf_qk_norm_rope_out, &rope_cached_, &ltx_rope_from_coords,
+    &ltx_qk_norm_rope_from_coords, &rope_backward, &ltx_rope_from_coords_backward);
 
 }  // namespace transformer_kernels

@@ -83,7 +83,7 @@ struct LtxCoords {
 
 // Rows that share one computation of cos/sin: LTX's coordinate form takes q's and k's row of a
 // token together (Policy::kLtxCoordsRows); the table forms one row (the fused q/k norm + RoPE
-// kernel; rope() below groups the heads of the table forms itself).
+// kernel; Rope() below groups the heads of the table forms itself).
 template <typename Policy>
 TK_HOST_DEVICE constexpr int rows_per_group(CosSinSource source) {
   static_assert(Policy::kLtxCoordsRows == 1 || Policy::kLtxCoordsRows == 2, "kLtxCoordsRows must be 1 or 2");
@@ -97,7 +97,7 @@ TK_HOST_DEVICE constexpr int steps_per_thread(CosSinSource source) {
   return source == CosSinSource::kLtxCoords ? Policy::kLtxCoordsSteps : 1;
 }
 
-// Heads per group for `heads` heads a token (q's and k's together) in rope()'s table form: the
+// Heads per group for `heads` heads a token (q's and k's together) in Rope()'s table form: the
 // largest power of two up to Policy::kMaxHeadsPerGroup that divides them, so that a group never
 // spans two tokens. The token's cos/sin are loaded once for all of the group's heads.
 template <typename Policy>
@@ -447,15 +447,15 @@ cudaError_t launch_rope(RopeParams<T, table_t> p, cudaStream_t stream) {
 // The rotation of q and k (RopeParams: q, k [B, S, H, d] in, q_out, k_out [B, S, H, d] out).
 template <RopeStyle kStyle, bool kFp32Math, CosSinSource kSource, typename Policy = RopePolicy, typename T,
           typename table_t>
-cudaError_t rope(RopeParams<T, table_t> p, cudaStream_t stream) {
+cudaError_t Rope(RopeParams<T, table_t> p, cudaStream_t stream) {
   return rope_detail::launch_rope<kStyle, kFp32Math, kSource, Policy, /*kInverse=*/false>(p, stream);
 }
 
 // Its backward: the rotation by -theta (transpose_sines) of the outputs' gradients, read where
-// rope() reads q, k and written where it writes q_out, k_out; the same checks and layouts.
+// Rope() reads q, k and written where it writes q_out, k_out; the same checks and layouts.
 template <RopeStyle kStyle, bool kFp32Math, CosSinSource kSource, typename Policy = RopePolicy, typename T,
           typename table_t>
-cudaError_t rope_backward(RopeParams<T, table_t> p, cudaStream_t stream) {
+cudaError_t RopeBackward(RopeParams<T, table_t> p, cudaStream_t stream) {
   return rope_detail::launch_rope<kStyle, kFp32Math, kSource, Policy, /*kInverse=*/true>(p, stream);
 }
 
