@@ -45,7 +45,7 @@ from pathlib import Path
 import torch
 
 sys.path[:0] = [str(Path(__file__).resolve().parent.parent), str(Path(__file__).resolve().parent.parent / "integration")]
-from benchmarks.harness import build_line, copy_gbps, environment, result_stem, wall_time_s  # noqa: E402
+from benchmarks.harness import build_line, copy_gbps, environment, result_stem, step_profile, wall_time_s  # noqa: E402
 from transformer_kernels_integrations.loading import load_kernel, use_local_build  # noqa: E402
 
 LLAMA_31_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
@@ -133,8 +133,6 @@ def run(args, optimized: bool, how: str) -> dict:
             full = wall_time_s(lambda: generate(n), 3)
             result["decode_ms_per_token"] = 1e3 * (full - short) / (n - 1)
             if args.profile:
-                from benchmarks.profile_e2e import step_profile
-
                 tokens = 16
                 result["profile"] = step_profile(lambda: generate(tokens), tokens)
             if args.host_profile:

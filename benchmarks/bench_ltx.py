@@ -28,7 +28,8 @@ import torch
 from tqdm import tqdm
 
 sys.path[:0] = [str(Path(__file__).resolve().parent.parent), str(Path(__file__).resolve().parent.parent / "integration")]
-from benchmarks.harness import args_record, build_line, environment, result_stem, write_result  # noqa: E402
+from benchmarks.harness import (  # noqa: E402
+    args_record, build_line, environment, result_stem, step_profile, write_result)
 from transformer_kernels_integrations.loading import load_kernel, use_local_build  # noqa: E402
 
 VAE_SPATIAL, VAE_TEMPORAL, LATENT_CHANNELS = 32, 8, 128  # LTX-Video's VAE compression
@@ -162,8 +163,6 @@ def run_config(args, optimized: bool, compile_: str | None) -> dict:
         "peak_memory_gb": torch.cuda.max_memory_allocated() / 1e9, "injection": report,
     }
     if args.profile:
-        from benchmarks.profile_e2e import step_profile
-
         with torch.no_grad():
             result["profile"] = step_profile(lambda: call(timesteps[0]))
     return result

@@ -112,6 +112,35 @@ def copy_gbps(bytes_each_way: int = COPY_BYTES) -> float:
 SIZE_COPY_MIN_BYTES = 1 << 20
 
 
+def profile_step(step: Callable[[], object]):
+    """Runs step() once under torch.profiler (after the caller's warm-up): its wall time in ms, the
+    CUDA kernels it ran (profiler events) and the profiler (for its host-side averages)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        wall_ms = (time.perf_counter() - t0) * 1e3
+    return wall_ms, [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA], prof
+
+
+def kernel_time_us(event) -> float:
+    """A profiled kernel's device time (torch renamed cuda_time_total to device_time_total)."""
+    return getattr(event, "device_time_total", 0) or event.cuda_time_total
+
+
+def step_profile(step: Callable[[], object], per: int = 1) -> dict:
+    """One profiled call of step(): wall and GPU-busy time, the GPU's idle time between kernels, and
+    kernel launches, each per `per` units (tokens, steps). Kernels replayed from a CUDA graph count
+    as launches of the GPU, not of the host."""
+    wall_ms, kernels, _ = profile_step(step)
+    busy_ms = sum(kernel_time_us(e) for e in kernels) / 1e3
+    return {"wall_ms": wall_ms / per, "gpu_busy_ms": busy_ms / per, "gpu_idle_ms": (wall_ms - busy_ms) / per,
+            "kernels": len(kernels) / per}
+
+
 def _git(*args: str) -> str:
     import subprocess
 

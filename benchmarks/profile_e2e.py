@@ -14,16 +14,14 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-import time
 from collections import defaultdict
 from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 sys.path[:0] = [str(Path(__file__).resolve().parent.parent), str(Path(__file__).resolve().parent.parent / "integration")]
 from benchmarks import bench_llm, bench_ltx  # noqa: E402
-from benchmarks.harness import build_line, environment, result_stem  # noqa: E402
+from benchmarks.harness import build_line, environment, kernel_time_us, profile_step, result_stem  # noqa: E402
 from transformer_kernels_integrations.loading import load_kernel, use_local_build  # noqa: E402
 
 # Kernel name -> class; first match wins.
@@ -39,35 +37,13 @@ def kernel_class(name: str) -> str:
     return next((cls for cls, pattern in CLASSES if pattern.search(name)), "other")
 
 
-def step_profile(step, per: int = 1) -> dict:
-    """One profiled call of step() (after the caller's warm-up): wall and GPU-busy time, the GPU's
-    idle time between kernels, and kernel launches, each per `per` units (tokens, steps). Kernels
-    replayed from a CUDA graph count as launches of the GPU, not of the host."""
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        t0 = time.perf_counter()
-        step()
-        torch.cuda.synchronize()
-        wall_ms = (time.perf_counter() - t0) * 1e3
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    busy_ms = sum(getattr(e, "device_time_total", 0) or e.cuda_time_total for e in kernels) / 1e3
-    return {"wall_ms": wall_ms / per, "gpu_busy_ms": busy_ms / per, "gpu_idle_ms": (wall_ms - busy_ms) / per,
-            "kernels": len(kernels) / per}
-
-
 def summarise(title: str, step, per: int, unit: str) -> list[str]:
     """Profiles step() once (after the caller's warm-up) and returns markdown lines; times per `unit`
     (`per` of them in one step)."""
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        t0 = time.perf_counter()
-        step()
-        torch.cuda.synchronize()
-        wall_ms = (time.perf_counter() - t0) * 1e3
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    wall_ms, kernels, prof = profile_step(step)
     by_class, by_name, count = defaultdict(float), defaultdict(float), defaultdict(int)
     for e in kernels:
-        us = e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+        us = kernel_time_us(e)
         by_class[kernel_class(e.name)] += us
         by_name[e.name] += us
         count[e.name] += 1
