@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "activation/activation.cuh"
+#include "activation/activation_policy.cuh"
 #include "common/kernel.cuh"
 #include "common/math.cuh"
 #include "common/rows.cuh"
@@ -82,15 +83,13 @@ struct ActivationBackwardParams {
 
 namespace activation_backward_detail {
 
-constexpr int kThreadsPerBlock = 256;
+constexpr int kThreadsPerBlock = ActivationBackwardPolicy::kBlockThreads;
 
-// 16-byte vectors of each operand a thread loads per step, all in flight together: the forwards
-// keep 4 (4 or 8 loads a thread with their one or two inputs); the backward reads two operands
-// (kAct: g, x) or three (kActMul: g, gate, gated), so 4 or 2 keep 8 or 6 loads in flight at 16 of a
-// vector's registers each. Not yet measured (a lab knob to tune on the GPU).
+// Vectors of each operand a thread loads per step (ActivationBackwardPolicy).
 template <Elementwise kOp>
 constexpr int vecs_per_thread() {
-  return kOp == Elementwise::kAct ? 4 : 2;
+  return kOp == Elementwise::kAct ? ActivationBackwardPolicy::kActVecsPerThread
+                                  : ActivationBackwardPolicy::kGatedVecsPerThread;
 }
 
 // One vector of gradients, rounded as eager autograd rounds (module comment).

@@ -8,14 +8,25 @@ namespace transformer_kernels {
 struct ElementwisePolicy {
   // Threads of a block; short rows share one. NOTES.md §activation
   static constexpr int kBlockThreads = 256;
-  // Vectors each thread loads per step, all in flight together, for the activations alone (2 is
-  // the candidate: it gained in the lab and awaits the GPU suite). NOTES.md §activation
+  // Vectors each thread loads per step, all in flight together, for the activations alone (2
+  // gained in the lab; 4 stays until the micro-benchmarks of record show 2). NOTES.md §activation
   static constexpr int kActVecsPerThread = 4;
   // The same for the gated forms (act_mul, gated_add), where 2 lost. NOTES.md §activation
   static constexpr int kGatedVecsPerThread = 4;
   // Registers of the gated units (act_mul): ptxas picks 66 (3 blocks an SM), at 64 four fit; the
   // gated add spills under 64 and keeps ptxas's choice. NOTES.md §activation
   static constexpr int kActMulRegisterCap = 64;
+};
+
+struct ActivationBackwardPolicy {
+  // Threads of a block; short rows share one.
+  static constexpr int kBlockThreads = 256;
+  // 16-byte vectors of each operand a thread loads per step, all in flight together: the forwards
+  // keep 4 (4 or 8 loads a thread with their one or two inputs); the backward reads two operands
+  // (kAct: g, x) or three (kActMul: g, gate, gated), so 4 or 2 keep 8 or 6 loads in flight at 16 of
+  // a vector's registers each. Assumed: NOTES.md §"Tuning values assumed, not measured".
+  static constexpr int kActVecsPerThread = 4;
+  static constexpr int kGatedVecsPerThread = 2;
 };
 
 }  // namespace transformer_kernels

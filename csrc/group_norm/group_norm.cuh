@@ -37,6 +37,7 @@
 #include "common/math.cuh"
 #include "common/reduce.cuh"
 #include "common/vec.cuh"
+#include "group_norm/group_norm_policy.cuh"
 
 namespace transformer_kernels {
 
@@ -96,29 +97,7 @@ namespace group_norm_detail {
 
 constexpr int kMomentFloats = 3;   // count, mean, M2
 constexpr int kGroupStatFloats = 2;  // mean, rstd
-// Vectors a thread keeps in registers between the statistics and the normalization (whole groups)
-// or across a chunk (split groups: a chunk is exactly threads * kCachedVecs vectors, read once).
-constexpr int kCachedVecs = 4;
-constexpr int kMaxThreads = 1024;
-constexpr int kSplitThreads = 256;  // split chunks: 256 * 4 vectors = 16 KB per block
-// Whole groups only when there are enough of them to fill the GPU: at least this many per SM.
-constexpr int kWholeGroupsPerSm = 2;
-// Split channels-first groups of more chunks than a warp's lanes are combined once per group by a
-// finalize kernel, not by every normalizing block (a serial merge chain per lane in each block's prologue).
-constexpr int kInlineCombineParts = 32;
-// Vectors a thread loads before using any, in the streaming passes (loads in flight per thread).
-constexpr int kUnroll = 4;
-// Channels-last blocks: about kRowThreads threads, at most kMaxRowLanes rows at once (the per-channel
-// sums over row lanes are serial in shared memory).
-constexpr int kRowThreads = 512;
-constexpr int kMaxRowLanes = 32;
-// Channels-last rows: at most this many vectors across a row (one thread each), so that kernel 1's
-// shared memory ((2 * row lanes + 1) * C floats, row lanes * C <= kRowThreads * vec) stays within the
-// 48 KB a block gets without opting in.
-constexpr int kMaxColThreads = kRowThreads;
-// Channels-last kernel 1 combines a group's channels in one thread up to this many channels per
-// group (SD's 10-40), else in a warp (shuffle reductions cost more than a few serial adds).
-constexpr int kSerialGroupChannels = 64;
+using P = GroupNormPolicy;
 
 enum class CfPass { kWhole, kStats, kNormalize };
 
@@ -260,12 +239,12 @@ TK_DEVICE void cf_body(const GroupNormParams<T>& p) {
   };
 
   float mean, rstd;
-  vec cached[kCachedVecs];
+  vec cached[P::kCachedVecs];
   if constexpr (kPass != CfPass::kNormalize) {
     // Two passes over the values in registers: the mean, then the squared deviations from it.
     float sum = 0.f;
 #pragma unroll
-    for (int k = 0; k < kCachedVecs; ++k) {
+    for (int k = 0; k < P::kCachedVecs; ++k) {
       const int v = t + k * threads;
       if (v < num_vecs) {
         cached[k] = load_h(v, bias_nc != nullptr ? channel_of(v) : 0);
@@ -273,7 +252,7 @@ TK_DEVICE void cf_body(const GroupNormParams<T>& p) {
         for (int i = 0; i < kVec; ++i) sum += to_float(cached[k][i]);
       }
     }
-    for (int v = t + kCachedVecs * threads; v < num_vecs; v += threads) {  // groups beyond the cache
+    for (int v = t + P::kCachedVecs * threads; v < num_vecs; v += threads) {  // groups beyond the cache
       const vec h = load_h(v, bias_nc != nullptr ? channel_of(v) : 0);
 #pragma unroll
       for (int i = 0; i < kVec; ++i) sum += to_float(h[i]);
@@ -282,7 +261,7 @@ TK_DEVICE void cf_body(const GroupNormParams<T>& p) {
     const float chunk_mean = __fdiv_rn(sum, static_cast<float>(len));
     float m2 = 0.f;
 #pragma unroll
-    for (int k = 0; k < kCachedVecs; ++k) {
+    for (int k = 0; k < P::kCachedVecs; ++k) {
       const int v = t + k * threads;
       if (v < num_vecs) {
 #pragma unroll
@@ -292,7 +271,7 @@ TK_DEVICE void cf_body(const GroupNormParams<T>& p) {
         }
       }
     }
-    for (int v = t + kCachedVecs * threads; v < num_vecs; v += threads) {
+    for (int v = t + P::kCachedVecs * threads; v < num_vecs; v += threads) {
       const vec h = load_h(v, bias_nc != nullptr ? channel_of(v) : 0);
 #pragma unroll
       for (int i = 0; i < kVec; ++i) {
@@ -330,21 +309,21 @@ TK_DEVICE void cf_body(const GroupNormParams<T>& p) {
 
   if constexpr (kPass == CfPass::kWhole) {
 #pragma unroll
-    for (int k = 0; k < kCachedVecs; ++k) {
+    for (int k = 0; k < P::kCachedVecs; ++k) {
       const int v = t + k * threads;
       if (v < num_vecs) store_vec(cached[k], v, channel_of(v));
     }
-    for (int v = t + kCachedVecs * threads; v < num_vecs; v += threads) {
+    for (int v = t + P::kCachedVecs * threads; v < num_vecs; v += threads) {
       const int c = channel_of(v);
       store_vec(load_h(v, c), v, c);
     }
   } else {
     // kNormalize: the first vectors' loads are issued before waiting for the group's statistics.
-    vec buf[kUnroll];
-    int chan[kUnroll];
+    vec buf[P::kUnroll];
+    int chan[P::kUnroll];
     auto load_batch = [&](int base) {
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
+      for (int u = 0; u < P::kUnroll; ++u) {
         const int v = base + u * threads;
         if (v < num_vecs) {
           chan[u] = channel_of(v);
@@ -371,10 +350,10 @@ TK_DEVICE void cf_body(const GroupNormParams<T>& p) {
       mean = shared_stats[0];
       rstd = shared_stats[1];
     }
-    for (int base = t; base < num_vecs; base += threads * kUnroll) {
+    for (int base = t; base < num_vecs; base += threads * P::kUnroll) {
       if (base != t) load_batch(base);
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
+      for (int u = 0; u < P::kUnroll; ++u) {
         const int v = base + u * threads;
         if (v < num_vecs) store_vec(buf[u], v, chan[u]);
       }
@@ -446,13 +425,13 @@ TK_DEVICE void cl_stats_body(const GroupNormParams<T>& p) {
   for (int i = 0; i < kVec; ++i) s1[i] = s2[i] = 0.f;
   if (w.active && rows > 0) shift = load_h(w.row_begin);
   const T* row_ptr = x + (w.row_begin + w.lane) * C;
-  for (int j = 0; j < lane_rows; j += kUnroll, row_ptr += kUnroll * stride) {
-    vec h[kUnroll];
+  for (int j = 0; j < lane_rows; j += P::kUnroll, row_ptr += P::kUnroll * stride) {
+    vec h[P::kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u)
+    for (int u = 0; u < P::kUnroll; ++u)
       if (j + u < lane_rows) h[u] = load_h_at(row_ptr + u * stride);
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < P::kUnroll; ++u) {
       if (j + u < lane_rows) {
 #pragma unroll
         for (int i = 0; i < kVec; ++i) {
@@ -497,7 +476,7 @@ TK_DEVICE void cl_stats_body(const GroupNormParams<T>& p) {
     e[1] = mean;
     e[2] = within + n_rows * between;
   };
-  if (d <= kSerialGroupChannels) {
+  if (d <= P::kSerialGroupChannels) {
     for (int g = threadIdx.x; g < p.groups; g += blockDim.x) {
       const float* means = sum1 + g * d;
       float mean_sum = 0.f;
@@ -565,10 +544,10 @@ TK_DEVICE void cl_normalize_body(const GroupNormParams<T>& p) {
   const int64_t first = w.row_end - 1 - w.lane;
   const T* in_ptr = x + first * C;
   T* out_ptr = out + first * C;
-  vec h[kUnroll];
+  vec h[P::kUnroll];
   auto load_rows = [&](int j) {
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u)
+    for (int u = 0; u < P::kUnroll; ++u)
       if (j + u < lane_rows) h[u].load(in_ptr - u * stride);
   };
   load_rows(0);  // issued before the coefficients' loads are waited for
@@ -583,10 +562,10 @@ TK_DEVICE void cl_normalize_body(const GroupNormParams<T>& p) {
                        : ChannelCoeffs{s[0], s[1]};
     if (p.bias_nc != nullptr) bias_nc[i] = p.bias_nc[w.n * p.bias_nc_batch_stride + c];
   }
-  for (int j = 0; j < lane_rows; j += kUnroll, in_ptr -= kUnroll * stride, out_ptr -= kUnroll * stride) {
+  for (int j = 0; j < lane_rows; j += P::kUnroll, in_ptr -= P::kUnroll * stride, out_ptr -= P::kUnroll * stride) {
     if (j > 0) load_rows(j);
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < P::kUnroll; ++u) {
       if (j + u < lane_rows) {
         if (p.bias_nc != nullptr) h[u] = add_rn(h[u], bias_nc);
         float y[kVec];
@@ -601,22 +580,13 @@ TK_DEVICE void cl_normalize_body(const GroupNormParams<T>& p) {
   }
 }
 
-// Register cap of the streaming kernels: 64 lets 4 blocks of 256 threads (channels-first) or 2 of
-// 512 (channels-last normalize) share an SM; ptxas's own choice for bf16 (66-80) fits 3 or 1 (sm_90,
-// ptxas -v: no spills at 64 but 6 bytes in the bf16 whole-group kernel). Not yet measured on the GPU.
-constexpr int kRegisterCap = 64;
-// Channels-last kernel 1 keeps two fp32 sums per channel of its vector and 4 row vectors in flight:
-// ptxas wants 94 (bf16, sm_90) and spills 138 bytes at 64. It gets what a block of kRowThreads may
-// use (1 block of 512 threads per SM, 32 KB of loads in flight: enough to cover HBM latency).
-constexpr int kStatsRegisterCap = 65536 / kRowThreads;
-
 template <typename T, int kVec, CfPass kPass>
 constexpr auto cf_kernel() {
-  return kernel_entry_for<kRegisterCap, GroupNormParams<T>, cf_body<T, kVec, kPass>>();
+  return kernel_entry_for<P::kRegisterCap, GroupNormParams<T>, cf_body<T, kVec, kPass>>();
 }
 template <typename T, int kVec>
 constexpr auto cl_stats_kernel() {
-  return kernel_entry_for<kStatsRegisterCap, GroupNormParams<T>, cl_stats_body<T, kVec>>();
+  return kernel_entry_for<P::kStatsRegisterCap, GroupNormParams<T>, cl_stats_body<T, kVec>>();
 }
 template <typename T>
 constexpr auto finalize_kernel() {
@@ -624,10 +594,9 @@ constexpr auto finalize_kernel() {
 }
 template <typename T, int kVec>
 constexpr auto cl_normalize_kernel() {
-  return kernel_entry_for<kRegisterCap, GroupNormParams<T>, cl_normalize_body<T, kVec>>();
+  return kernel_entry_for<P::kRegisterCap, GroupNormParams<T>, cl_normalize_body<T, kVec>>();
 }
 
-constexpr int kFinalizeThreads = 256;  // 8 warps, one (n, g) each
 
 template <typename T>
 bool vectorizable(const GroupNormParams<T>& p, GroupNormLayout layout) {
@@ -648,18 +617,19 @@ GroupNormPlan cf_plan(const GroupNormParams<T>& p, int sm_count) {
   plan.vec = kVec;
   const int64_t group_len = static_cast<int64_t>(p.channels / p.groups) * p.spatial;
   const int64_t num_groups = p.batch * p.groups;
-  const int64_t chunk = static_cast<int64_t>(kSplitThreads) * kCachedVecs * kVec;
-  const int64_t whole_cap = static_cast<int64_t>(kMaxThreads) * kCachedVecs * kVec;
-  if (group_len <= chunk || (group_len <= whole_cap && num_groups >= static_cast<int64_t>(kWholeGroupsPerSm) * sm_count)) {
-    const int64_t wanted = (group_len / kVec + kCachedVecs - 1) / kCachedVecs;
-    plan.threads = std::min(kMaxThreads, std::max(kWarpSize, round_up_to_warps(wanted)));
+  const int64_t chunk = static_cast<int64_t>(P::kSplitThreads) * P::kCachedVecs * kVec;
+  const int64_t whole_cap = static_cast<int64_t>(P::kMaxThreads) * P::kCachedVecs * kVec;
+  const int64_t groups_to_fill = static_cast<int64_t>(P::kWholeGroupsPerSm) * sm_count;
+  if (group_len <= chunk || (group_len <= whole_cap && num_groups >= groups_to_fill)) {
+    const int64_t wanted = (group_len / kVec + P::kCachedVecs - 1) / P::kCachedVecs;
+    plan.threads = std::min(P::kMaxThreads, std::max(kWarpSize, round_up_to_warps(wanted)));
     plan.parts = 1;
     plan.part_elems = group_len;
   } else {
-    plan.threads = kSplitThreads;
+    plan.threads = P::kSplitThreads;
     plan.parts = static_cast<int>((group_len + chunk - 1) / chunk);
     plan.part_elems = chunk;
-    plan.finalize = plan.parts > kInlineCombineParts;
+    plan.finalize = plan.parts > P::kInlineCombineParts;
   }
   return plan;
 }
@@ -670,7 +640,7 @@ GroupNormPlan cl_plan(const GroupNormParams<T>& p, int sm_count) {
   plan.layout = GroupNormLayout::kChannelsLast;
   plan.vec = kVec;
   plan.col_threads = p.channels / kVec;
-  plan.row_lanes = std::max(1, std::min(kMaxRowLanes, kRowThreads / plan.col_threads));
+  plan.row_lanes = std::max(1, std::min(P::kMaxRowLanes, P::kRowThreads / plan.col_threads));
   plan.threads = round_up_to_warps(static_cast<int64_t>(plan.col_threads) * plan.row_lanes);
   plan.smem_bytes = static_cast<int>((2 * static_cast<int64_t>(plan.row_lanes) + 1) * p.channels * sizeof(float));
   // One full wave: as many tiles as blocks of both kernels fit on the GPU at once.
@@ -693,7 +663,7 @@ GroupNormPlan cl_plan(const GroupNormParams<T>& p, int sm_count) {
 
 // Channels-last takes one thread per vector across a row: C / plan.vec <= kGroupNormMaxRowThreads
 // (plan.vec is 16 bytes' worth when C is a multiple of it and the pointers are aligned, else 1).
-constexpr int kGroupNormMaxRowThreads = group_norm_detail::kMaxColThreads;
+constexpr int kGroupNormMaxRowThreads = GroupNormPolicy::kMaxColThreads;
 
 inline bool group_norm_plan_supported(const GroupNormPlan& plan) {
   return plan.layout == GroupNormLayout::kChannelsFirst || plan.col_threads <= kGroupNormMaxRowThreads;
@@ -725,21 +695,22 @@ template <typename T, int kVec>
 cudaError_t launch(const GroupNormParams<T>& p, cudaStream_t stream) {
   const GroupNormPlan& plan = p.plan;
   const int64_t num_groups = p.batch * p.groups;
-  const dim3 finalize_grid(static_cast<unsigned>((num_groups * kWarpSize + kFinalizeThreads - 1) / kFinalizeThreads));
+  const dim3 finalize_grid(
+      static_cast<unsigned>((num_groups * kWarpSize + P::kFinalizeThreads - 1) / P::kFinalizeThreads));
   if (plan.layout == GroupNormLayout::kChannelsFirst) {
     const dim3 grid(static_cast<unsigned>(num_groups * plan.parts));
     if (plan.parts == 1) {
       cf_kernel<T, kVec, CfPass::kWhole>()<<<grid, plan.threads, 0, stream>>>(p);
     } else {
       cf_kernel<T, kVec, CfPass::kStats>()<<<grid, plan.threads, 0, stream>>>(p);
-      if (plan.finalize) finalize_kernel<T>()<<<finalize_grid, kFinalizeThreads, 0, stream>>>(p);
+      if (plan.finalize) finalize_kernel<T>()<<<finalize_grid, P::kFinalizeThreads, 0, stream>>>(p);
       cf_kernel<T, kVec, CfPass::kNormalize>()<<<grid, plan.threads, 0, stream>>>(p);
     }
     return cudaGetLastError();
   }
   const dim3 grid(static_cast<unsigned>(p.batch * plan.parts));
   cl_stats_kernel<T, kVec>()<<<grid, plan.threads, plan.smem_bytes, stream>>>(p);
-  finalize_kernel<T>()<<<finalize_grid, kFinalizeThreads, 0, stream>>>(p);
+  finalize_kernel<T>()<<<finalize_grid, P::kFinalizeThreads, 0, stream>>>(p);
   cl_normalize_kernel<T, kVec>()<<<grid, plan.threads, 0, stream>>>(p);
   return cudaGetLastError();
 }

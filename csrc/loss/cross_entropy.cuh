@@ -25,6 +25,7 @@
 #include "common/reduce.cuh"
 #include "common/schedule.cuh"
 #include "common/vec.cuh"
+#include "loss/cross_entropy_policy.cuh"
 
 namespace transformer_kernels {
 
@@ -47,11 +48,9 @@ struct CrossEntropyParams {
 namespace cross_entropy_detail {
 
 constexpr float kLog2e = 1.4426950408889634f;
-// A block per row at a time (the grid strides over rows): 1024 threads keep 64 KB of loads in
-// flight per SM, and one row per SM in flight (256 KB of bf16 at a 128 K vocabulary, 33 MB over 132
-// SMs) lets the second pass over the row find it in L2. Not yet measured.
-constexpr int kBlocksPerSm = 1;
-constexpr int kVecsPerThread = 4;  // 16-byte loads of one pass a thread keeps in flight
+// The tuning values (CrossEntropyPolicy, with their reasons), under the names the kernels use.
+constexpr int kBlocksPerSm = CrossEntropyPolicy::kBlocksPerSm;
+constexpr int kVecsPerThread = CrossEntropyPolicy::kVecsPerThread;
 
 // (max, sum of exp(z - max), sum of z) of a part of a row, merged across threads.
 struct RowStats {

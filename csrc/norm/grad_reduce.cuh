@@ -11,23 +11,15 @@
 
 #include "common/math.cuh"
 #include "common/reduce.cuh"
+#include "norm/norm_backward_policy.cuh"
 
 namespace transformer_kernels {
 
-// Elements each backward thread holds per row: the row's inputs and the parameter gradients'
-// running sums stay in registers, and 8 of each keep the widest kernels (the gated, modulated,
-// affine LayerNorm, ~10 arrays) within the registers of a 512-thread block.
-constexpr int kBackwardElems = 8;
-// Threads per block: row groups narrower than this share a block (several rows at once), so each
-// block's parameter partial sums cover several rows before they go to the workspace. 256 rather
-// than 512: the fused kernels take 64-80 registers, at which a 512-thread block leaves an SM one
-// block (16 warps) where 256-thread blocks fit three; the price is more workspace rows (one per
-// resident block). Not yet measured (the GPU lab should try 512 and register caps).
-constexpr int kBackwardBlockThreads = 256;
-constexpr int kBackwardMaxThreads = 1024;
-// Rows wider than one group can hold are split into chunks of this many columns (a multiple of
-// every vector width).
-constexpr int kBackwardChunkElems = 2048;
+// The tuning values (NormBackwardPolicy, with their reasons), under the names the kernels use.
+constexpr int kBackwardElems = NormBackwardPolicy::kRowElems;
+constexpr int kBackwardBlockThreads = NormBackwardPolicy::kBlockThreads;
+constexpr int kBackwardMaxThreads = NormBackwardPolicy::kMaxThreads;
+constexpr int kBackwardChunkElems = NormBackwardPolicy::kChunkElems;
 static_assert(kBackwardChunkElems % 8 == 0, "chunks start on a vector of every dtype");
 
 // Threads of a row group holding `vecs` vectors, `vecs_per_thread` each: a power of two up to a
@@ -158,8 +150,8 @@ TK_DEVICE void store_block_partials(const float (&acc)[kElems], float* out, int 
 // ---- stage two: the column sums of the workspace ----
 
 constexpr int kMaxColumnSums = 5;
-constexpr int kColumnSumCols = 32;  // columns per block: one warp's coalesced 128 bytes
-constexpr int kColumnSumLanes = 8;  // item lanes per column, summed in lane order at the end
+constexpr int kColumnSumCols = NormBackwardPolicy::kColumnSumCols;
+constexpr int kColumnSumLanes = NormBackwardPolicy::kColumnSumLanes;
 
 // out[r, c] = sum over items [r * items_per_row, (r + 1) * items_per_row) of partials[item, c],
 // in item order within each lane (lane l takes items l, l + 8, ...), lanes in order.
