@@ -92,6 +92,13 @@ def _(out, x, weight, bias):
     torch._check(out.dtype == x.dtype, lambda: f"linear_gelu: out must have dtype {x.dtype}, got {out.dtype}")
 
 
+@register_fake("linear_gelu_fused")
+def _(x, weight, bias):
+    _check_shapes(x, weight, bias)
+    raise RuntimeError("linear_gelu_fused asks cuBLASLt on the GPU whether its epilogue takes these operands: a "
+                       "host-side query with no answer while tracing; call it outside torch.compile, on real tensors")
+
+
 # ---- autograd: the epilogue keeps no pre-activation, so the backward recomputes it ----
 
 def _setup_context(ctx, inputs, output):

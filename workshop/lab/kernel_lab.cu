@@ -418,13 +418,13 @@ std::vector<Case> make_cases() {
     rp.qk = qk, rp.coords = coords, rp.head_dim = rp.rotary_dim = static_cast<int>(c);
     rp.copy_pass_through = false;
     add_case(cases, "ltx_rope_from_coords 2x8064x2048", "rope", qk_bytes, kRopeVariants, [rp](auto policy) {
-      return [rp] { CHECK((rope<RopeStyle::kInterleaved, true, CosSinSource::kLtxCoords, policy_of<decltype(policy)>>(rp, 0))); };
+      return [rp] { CHECK((Rope<RopeStyle::kInterleaved, true, CosSinSource::kLtxCoords, policy_of<decltype(policy)>>(rp, 0))); };
     });
     RopeParams<bf16, float> tr = rp;  // diffusers' fp32 tables [B, S, C], read once for q and k
     tr.cos = ramp_float(tokens * c, 1.f), tr.sin = ramp_float(tokens * c, 1.f);
     tr.table_b = seq * c, tr.table_s = c;
     add_case(cases, "ltx_rope tables 2x8064x2048", "rope", qk_bytes + table_bytes, kRopeVariants, [tr](auto policy) {
-      return [tr] { CHECK((rope<RopeStyle::kInterleaved, true, CosSinSource::kTables, policy_of<decltype(policy)>>(tr, 0))); };
+      return [tr] { CHECK((Rope<RopeStyle::kInterleaved, true, CosSinSource::kTables, policy_of<decltype(policy)>>(tr, 0))); };
     });
 
     QkNormRopeParams<bf16, bf16, float> np{};
@@ -432,7 +432,7 @@ std::vector<Case> make_cases() {
     np.coords = coords, np.width = static_cast<int>(c), np.eps = 1e-5f;
     add_case(cases, "ltx_qk_norm_rope_from_coords 2x8064x2048", "qk_norm_rope", qk_bytes, kQkVariants, [np](auto policy) {
       return [np] {
-        CHECK((qk_norm_rope<QkNormRopeForm::kDiffusers, CosSinSource::kLtxCoords, policy_of<decltype(policy)>>(np, 0)));
+        CHECK((QkNormRope<QkNormRopeForm::kDiffusers, CosSinSource::kLtxCoords, policy_of<decltype(policy)>>(np, 0)));
       };
     });
     QkNormRopeParams<bf16, bf16, float> tp = np;
@@ -441,7 +441,7 @@ std::vector<Case> make_cases() {
     add_case(cases, "ltx_qk_norm_rope tables 2x8064x2048", "qk_norm_rope", qk_bytes + table_bytes, kQkVariants,
              [tp](auto policy) {
                return [tp] {
-                 CHECK((qk_norm_rope<QkNormRopeForm::kDiffusers, CosSinSource::kTables, policy_of<decltype(policy)>>(tp, 0)));
+                 CHECK((QkNormRope<QkNormRopeForm::kDiffusers, CosSinSource::kTables, policy_of<decltype(policy)>>(tp, 0)));
                };
              });
   }
@@ -463,7 +463,7 @@ std::vector<Case> make_cases() {
     rp.copy_pass_through = false;
     const double bytes = (2.0 * tokens * (hq + hk) * d + 2.0 * tokens * d) * kBf16;
     add_case(cases, "hf_rope 4x4096 q32 k8 d128", "rope", bytes, kRopeVariants, [rp](auto policy) {
-      return [rp] { CHECK((rope<RopeStyle::kNeox, false, CosSinSource::kTables, policy_of<decltype(policy)>>(rp, 0))); };
+      return [rp] { CHECK((Rope<RopeStyle::kNeox, false, CosSinSource::kTables, policy_of<decltype(policy)>>(rp, 0))); };
     });
     // Qwen3's per-head q/k RMSNorm + the same RoPE, on the first sample: [1, 4096, 32 + 8, 128].
     QkNormRopeParams<bf16, bf16, bf16> np{};
@@ -474,7 +474,7 @@ std::vector<Case> make_cases() {
     np.width = static_cast<int>(d), np.eps = 1e-6f;
     add_case(cases, "hf_qk_norm_rope 1x4096 q32 k8 d128", "qk_norm_rope", bytes / batch, kQkVariants, [np](auto policy) {
       return [np] {
-        CHECK((qk_norm_rope<QkNormRopeForm::kTransformers, CosSinSource::kTables, policy_of<decltype(policy)>>(np, 0)));
+        CHECK((QkNormRope<QkNormRopeForm::kTransformers, CosSinSource::kTables, policy_of<decltype(policy)>>(np, 0)));
       };
     });
   }
@@ -497,7 +497,7 @@ std::vector<Case> make_cases() {
     const std::string shape = "1x4608x24x" + std::to_string(d);
     if (d == 128) {
       add_case(cases, "flux_rope " + shape, "rope", bytes, kRopeVariants, [rp](auto policy) {
-        return [rp] { CHECK((rope<RopeStyle::kInterleaved, true, CosSinSource::kTables, policy_of<decltype(policy)>>(rp, 0))); };
+        return [rp] { CHECK((Rope<RopeStyle::kInterleaved, true, CosSinSource::kTables, policy_of<decltype(policy)>>(rp, 0))); };
       });
     }
     QkNormRopeParams<bf16, bf16, float> np{};
@@ -506,7 +506,7 @@ std::vector<Case> make_cases() {
     np.width = static_cast<int>(d), np.eps = 1e-6f;
     add_case(cases, "qk_norm_rope " + shape, "qk_norm_rope", bytes, kQkVariants, [np](auto policy) {
       return [np] {
-        CHECK((qk_norm_rope<QkNormRopeForm::kDiffusers, CosSinSource::kTables, policy_of<decltype(policy)>>(np, 0)));
+        CHECK((QkNormRope<QkNormRopeForm::kDiffusers, CosSinSource::kTables, policy_of<decltype(policy)>>(np, 0)));
       };
     });
   }
@@ -532,7 +532,7 @@ std::vector<Case> make_cases() {
     rp.copy_pass_through = false;
     const double bytes = 2.0 * tokens * (hq + hk) * d * kBf16 + tokens * (sizeof(int64_t) + d * kBf16);
     add_case(cases, "vllm_rope cache 16384 tokens q32 k8 d128", "rope", bytes, kRopeVariants, [rp](auto policy) {
-      return [rp] { CHECK((rope<RopeStyle::kNeox, false, CosSinSource::kCache, policy_of<decltype(policy)>>(rp, 0))); };
+      return [rp] { CHECK((Rope<RopeStyle::kNeox, false, CosSinSource::kCache, policy_of<decltype(policy)>>(rp, 0))); };
     });
   }
   return cases;

@@ -1,0 +1,87 @@
+"""docs/ops.md, the table of ops and their public names, checked against the build: every registered
+op once, in the family whose ops.h declares its C++ function; its public functions exist; its
+backward column is has_backward's answer; and every op has a fake (a Meta kernel)."""
+
+import re
+
+import pytest
+import torch
+
+from conftest import ROOT
+
+ROW = re.compile(r"^\| `(\w+)` \| (\w+) \| (.*) \| (yes|no) \|$")
+
+
+def table() -> dict[str, tuple[str, str, bool]]:
+    rows = {}
+    for line in (ROOT / "docs" / "ops.md").read_text().splitlines():
+        m = ROW.match(line)
+        if m:
+            op, family, functions, backward = m.groups()
+            assert op not in rows, f"{op} listed twice"
+            rows[op] = (family, functions, backward == "yes")
+    return rows
+
+
+def registrations() -> dict[str, str]:
+    """op -> the C++ function torch_binding.cpp registers for it."""
+    text = (ROOT / "torch-ext" / "torch_binding.cpp").read_text()
+    return dict(re.findall(r'ops\.impl\("(\w+)", key, &tk::(\w+)\)', text))
+
+
+def family_of(function: str) -> str:
+    for header in (ROOT / "csrc").glob("*/ops.h"):
+        if re.search(rf"\b{function}\(", header.read_text()):
+            return header.parent.name
+    raise AssertionError(f"{function} is declared in no csrc/<family>/ops.h")
+
+
+def public_names(cell: str) -> list[str]:
+    """The function names of a table cell: `f` and `f(out=)`; none for (autograd of ...) / (the op alone ...)."""
+    if cell.startswith("("):
+        return []
+    return [name.removesuffix("(out=)") for name in re.findall(r"`([\w.]+(?:\(out=\))?)`", cell)]
+
+
+def test_every_op_is_listed_once_in_its_family():
+    rows, registered = table(), registrations()
+    assert set(rows) == set(registered), (sorted(set(registered) - set(rows)), sorted(set(rows) - set(registered)))
+    for op, (family, _, _) in rows.items():
+        assert family == family_of(registered[op]), f"{op}: listed in {family}, declared in {family_of(registered[op])}"
+
+
+@pytest.mark.parametrize("op", sorted(table()))
+def test_public_functions_backward_and_fake(tk, op):
+    family, functions, backward = table()[op]
+    for name in public_names(functions):
+        target = tk
+        for part in name.split("."):
+            assert hasattr(target, part), f"{op}: {name} is not in the package"
+            target = getattr(target, part)
+    assert tk.has_backward(op) is backward, f"{op}: has_backward is {tk.has_backward(op)}, the table says {backward}"
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(tk.add_op_namespace_prefix(op), "Meta"), f"{op}: no fake"
+
+
+def test_the_recipe_names_what_exists():
+    """docs/adding-an-op.md names files, functions and types of the code: each path it gives exists,
+    and each identifier it gives in backticks is found in the sources (a renamed one makes it false)."""
+    recipe = (ROOT / "docs" / "adding-an-op.md").read_text()
+    paths = set(re.findall(r"`((?:csrc|tests|benchmarks|torch-ext|reference|workshop|integration|docs)/[\w./<>-]+)`",
+                           recipe))
+    for path in sorted(paths):
+        if "<" in path:  # a pattern (csrc/<family>/)
+            continue
+        assert (ROOT / path).exists(), f"the recipe names {path}, which does not exist"
+    sources = "\n".join(p.read_text() for pattern in ("csrc/**/*.cu", "csrc/**/*.cuh", "csrc/**/*.h",
+                                                      "torch-ext/**/*.py", "torch-ext/*.cpp", "tests/*.py",
+                                                      "integration/**/*.py", "benchmarks/*.py")
+                        for p in ROOT.glob(pattern))
+    identifiers = {"ElementwiseParams", "ElementwisePolicy", "ActivationBackward", "kDeclaredEntryPoints",
+                   "validation_only", "launch_device", "empty_tensor", "register_fake", "register_backward",
+                   "refuse_grad", "refuse_the_rest", "dispatch", "has_backward", "RULE_OPS", "KIND_OPS",
+                   "activation_float64", "eager_act_mul", "with_poisoned_outputs", "assert_all_written",
+                   "assert_within", "assert_matches_eager", "_patch_mlp", "_mlp_skip", "kernel_entry_for",
+                   "RowIndexer", "vec_t", "GroupNorm", "LinearGelu", "Rope"}
+    for name in sorted(identifiers):
+        assert name in recipe, f"{name} is no longer in the recipe: drop it here"
+        assert re.search(rf"\b{re.escape(name)}\b", sources), f"the recipe names {name}, found in no source"
