@@ -81,7 +81,15 @@ def test_the_recipe_names_what_exists():
                    "refuse_grad", "refuse_the_rest", "dispatch", "has_backward", "RULE_OPS", "KIND_OPS",
                    "activation_float64", "eager_act_mul", "with_poisoned_outputs", "assert_all_written",
                    "assert_within", "assert_matches_eager", "_patch_mlp", "_mlp_skip", "kernel_entry_for",
-                   "RowIndexer", "vec_t", "GroupNorm", "LinearGelu", "Rope"}
+                   "RowIndexer", "vec_t", "GroupNorm", "LinearGelu", "Rope", "LaunchElementwise", "LaunchNorm",
+                   "launch_elementwise_call"}
     for name in sorted(identifiers):
         assert name in recipe, f"{name} is no longer in the recipe: drop it here"
         assert re.search(rf"\b{re.escape(name)}\b", sources), f"the recipe names {name}, found in no source"
+
+
+def test_python_modules_mirror_the_families():
+    """One Python module per C++ family, of the same name (csrc/<family>/ <-> <package>/<family>.py)."""
+    families = {p.parent.name for p in (ROOT / "csrc").glob("*/ops.h")}
+    modules = {p.stem for p in (ROOT / "torch-ext" / "transformer_kernels").glob("*.py")}
+    assert families <= modules, f"families without a module of their name: {sorted(families - modules)}"

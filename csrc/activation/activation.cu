@@ -73,7 +73,7 @@ void dispatch_activation(const ElementwiseCall& c) {
   }
 }
 
-void launch(const ElementwiseCall& c) {
+void launch_elementwise_call(const ElementwiseCall& c) {
   if (validation_only(*c.input)) return;
   const at::cuda::OptionalCUDAGuard device_guard(c.input->device());
   switch (c.kind) {
@@ -122,7 +122,7 @@ ElementwiseCall act_and_mul_call(const at::Tensor& x, std::string_view act, bool
 at::Tensor activation(const at::Tensor& x, std::string_view act) {
   check_row_input("activation", x, "x");
   at::Tensor out = empty_tensor(x.sizes(), x.options());
-  launch(activation_call(x, act, out));
+  launch_elementwise_call(activation_call(x, act, out));
   return out;
 }
 
@@ -130,13 +130,13 @@ void activation_out(at::Tensor& out, const at::Tensor& x, std::string_view act) 
   check_row_input("activation", x, "x");
   ElementwiseCall c = activation_call(x, act, out);
   check_output("activation", out, "out", x, x.sizes(), x.scalar_type(), {{&x, "x"}});
-  launch(c);
+  launch_elementwise_call(c);
 }
 
 at::Tensor act_and_mul(const at::Tensor& x, std::string_view act, bool act_first) {
   check_row_input("act_and_mul", x, "x");
   at::Tensor out = empty_tensor(half_last_dim("act_and_mul", x), x.options());
-  launch(act_and_mul_call(x, act, act_first, out));
+  launch_elementwise_call(act_and_mul_call(x, act, act_first, out));
   return out;
 }
 
@@ -145,7 +145,7 @@ void act_and_mul_out(at::Tensor& out, const at::Tensor& x, std::string_view act,
   const std::vector<int64_t> sizes = half_last_dim("act_and_mul", x);
   ElementwiseCall c = act_and_mul_call(x, act, act_first, out);
   check_output("act_and_mul", out, "out", x, sizes, x.scalar_type(), {{&x, "x"}});
-  launch(c);
+  launch_elementwise_call(c);
 }
 
 namespace {
@@ -181,7 +181,7 @@ at::Tensor act_mul(const at::Tensor& gate, const at::Tensor& up, std::string_vie
   at::Tensor out;  // allocated once the inputs are known to be valid
   ElementwiseCall c = act_mul_call(gate, up, act, out);
   out = empty_tensor(gate.sizes(), gate.options());
-  launch(c);
+  launch_elementwise_call(c);
   return out;
 }
 
@@ -189,21 +189,21 @@ void act_mul_out(at::Tensor& out, const at::Tensor& gate, const at::Tensor& up, 
   ElementwiseCall c = act_mul_call(gate, up, act, out);
   check_output("act_mul", out, "out", gate, gate.sizes(), gate.scalar_type(), {{&gate, "gate"}, {&up, "up"}},
                "gate");
-  launch(c);
+  launch_elementwise_call(c);
 }
 
 at::Tensor gated_add(const at::Tensor& x, const at::Tensor& y, const at::Tensor& gate) {
   at::Tensor out;
   ElementwiseCall c = gated_add_call(x, y, gate, out);
   out = empty_tensor(x.sizes(), x.options());
-  launch(c);
+  launch_elementwise_call(c);
   return out;
 }
 
 void gated_add_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& y, const at::Tensor& gate) {
   ElementwiseCall c = gated_add_call(x, y, gate, out);
   check_output("gated_add", out, "out", x, x.sizes(), x.scalar_type(), {{&x, "x"}, {&y, "y"}, {&gate, "gate"}});
-  launch(c);
+  launch_elementwise_call(c);
 }
 
 // The entry points defined above are the ones ops.h declares: a definition with another signature

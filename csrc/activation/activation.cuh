@@ -150,7 +150,7 @@ TK_DEVICE void elementwise_body(const ElementwiseParams<T>& p) {
 }
 
 template <typename Policy, typename T, Elementwise kOp, Activation kAct, int kVec>
-cudaError_t launch(ElementwiseParams<T> p, cudaStream_t stream) {
+cudaError_t LaunchElementwise(ElementwiseParams<T> p, cudaStream_t stream) {
   // Threads per row: a power of two covering the row at vecs_per_thread vectors each, at most a
   // block; short rows share a block (rows of one element get one thread each).
   constexpr int kVecsPerThread = vecs_per_thread<Policy, kOp>();
@@ -176,8 +176,8 @@ cudaError_t elementwise(const ElementwiseParams<T>& p, cudaStream_t stream) {
   };
   const bool vectorizable = aligned(p.x, p.x_rows) && aligned(p.gated, p.gated_rows) && aligned(p.gate, p.gate_rows) &&
                             aligned(p.out, p.out_rows);
-  return vectorizable ? elementwise_detail::launch<Policy, T, kOp, kAct, kVec>(p, stream)
-                      : elementwise_detail::launch<Policy, T, kOp, kAct, 1>(p, stream);
+  return vectorizable ? elementwise_detail::LaunchElementwise<Policy, T, kOp, kAct, kVec>(p, stream)
+                      : elementwise_detail::LaunchElementwise<Policy, T, kOp, kAct, 1>(p, stream);
 }
 
 }  // namespace transformer_kernels

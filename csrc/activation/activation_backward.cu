@@ -79,7 +79,7 @@ void run(const BackwardCall& c) {
 }
 
 template <Elementwise kOp>
-void launch(const BackwardCall& c) {
+void launch_backward_call(const BackwardCall& c) {
   if (validation_only(*c.like)) return;
   const at::cuda::OptionalCUDAGuard device_guard(c.like->device());
   switch (c.act) {
@@ -112,7 +112,7 @@ at::Tensor activation_backward(const at::Tensor& grad, const at::Tensor& x, std:
   c.x_rows = row_indexer(op, x, "x");
   c.grad_x = grad_x.data_ptr();
   c.grad_x_rows = row_indexer(op, grad_x, "grad_x");
-  launch<Elementwise::kAct>(c);
+  launch_backward_call<Elementwise::kAct>(c);
   return grad_x;
 }
 
@@ -142,7 +142,7 @@ at::Tensor act_and_mul_backward(const at::Tensor& grad, const at::Tensor& x, std
   c.grad_gate_rows = grad_x_rows;
   c.grad_gated = grad_first + mul_at;
   c.grad_gated_rows = grad_x_rows;
-  launch<Elementwise::kActMul>(c);
+  launch_backward_call<Elementwise::kActMul>(c);
   return grad_x;
 }
 
@@ -164,7 +164,7 @@ std::tuple<at::Tensor, at::Tensor> act_mul_backward(const at::Tensor& grad, cons
   c.grad_gate_rows = row_indexer(op, grad_gate, "grad_gate");
   c.grad_gated = grad_up.data_ptr();
   c.grad_gated_rows = row_indexer(op, grad_up, "grad_up");
-  launch<Elementwise::kActMul>(c);
+  launch_backward_call<Elementwise::kActMul>(c);
   return {grad_gate, grad_up};
 }
 

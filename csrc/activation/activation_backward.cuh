@@ -170,7 +170,7 @@ TK_DEVICE void body(const ActivationBackwardParams<T>& p) {
 // The launch heuristic (schedule.cuh): threads per row a power of two covering the row at
 // vecs_per_thread vectors each, at most a block; short rows share a block.
 template <typename T, Elementwise kOp, Activation kAct, int kVec>
-cudaError_t launch(ActivationBackwardParams<T> p, cudaStream_t stream) {
+cudaError_t LaunchActivationBackward(ActivationBackwardParams<T> p, cudaStream_t stream) {
   const int64_t num_vecs = std::max<int64_t>(1, ceil_div(p.cols, kVec));
   p.log2_threads_per_row = log2_threads_per_row(ceil_div(num_vecs, vecs_per_thread<kOp>()), kThreadsPerBlock);
   const dim3 grid = grid_for(p.num_rows, kThreadsPerBlock >> p.log2_threads_per_row);
@@ -192,8 +192,8 @@ cudaError_t ActivationBackward(const ActivationBackwardParams<T>& p, cudaStream_
   const bool vectorizable = aligned(p.grad, p.grad_rows) && aligned(p.x, p.x_rows) && aligned(p.gate, p.gate_rows) &&
                             aligned(p.gated, p.gated_rows) && aligned(p.grad_x, p.grad_x_rows) &&
                             aligned(p.grad_gate, p.grad_gate_rows) && aligned(p.grad_gated, p.grad_gated_rows);
-  return vectorizable ? activation_backward_detail::launch<T, kOp, kAct, kVec>(p, stream)
-                      : activation_backward_detail::launch<T, kOp, kAct, 1>(p, stream);
+  return vectorizable ? activation_backward_detail::LaunchActivationBackward<T, kOp, kAct, kVec>(p, stream)
+                      : activation_backward_detail::LaunchActivationBackward<T, kOp, kAct, 1>(p, stream);
 }
 
 }  // namespace transformer_kernels

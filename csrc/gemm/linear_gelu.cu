@@ -115,7 +115,7 @@ void linear_then_gelu(const at::Tensor& x, const at::Tensor& weight, const OptTe
   });
 }
 
-void launch(const at::Tensor& x, const at::Tensor& weight, const OptTensor& bias, at::Tensor& out) {
+void launch_linear_gelu(const at::Tensor& x, const at::Tensor& weight, const OptTensor& bias, at::Tensor& out) {
   if (validation_only(x)) return;
   const at::cuda::OptionalCUDAGuard device_guard(x.device());
   if (out.numel() == 0) return;
@@ -137,7 +137,7 @@ void launch(const at::Tensor& x, const at::Tensor& weight, const OptTensor& bias
 at::Tensor linear_gelu(const at::Tensor& x, const at::Tensor& weight, const OptTensor& bias) {
   check_inputs(x, weight, bias);
   at::Tensor out = empty_tensor(out_sizes(x, weight), x.options());
-  launch(x, weight, bias, out);
+  launch_linear_gelu(x, weight, bias, out);
   return out;
 }
 
@@ -145,7 +145,7 @@ void linear_gelu_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& wei
   check_inputs(x, weight, bias);
   check_output(kOp, out, "out", x, out_sizes(x, weight), x.scalar_type(),
                {{&x, "x"}, {&weight, "weight"}, {bias ? &*bias : nullptr, "bias"}});
-  launch(x, weight, bias, out);
+  launch_linear_gelu(x, weight, bias, out);
 }
 
 bool linear_gelu_fused(const at::Tensor& x, const at::Tensor& weight, const OptTensor& bias) {

@@ -231,7 +231,7 @@ void run(const GroupNormCall& c, at::Tensor& out) {
   TORCH_CHECK(err == cudaSuccess, c.op, ": kernel launch failed: ", cudaGetErrorString(err));
 }
 
-void launch(const GroupNormCall& c, at::Tensor& out) {
+void launch_group_norm_call(const GroupNormCall& c, at::Tensor& out) {
   if (c.x->numel() == 0 || validation_only(*c.x)) return;
   const at::cuda::OptionalCUDAGuard device_guard(c.x->device());
   dispatch_float_dtype(c.x->scalar_type(), "x", [&](auto tag) { run<typename decltype(tag)::type>(c, out); });
@@ -243,7 +243,7 @@ at::Tensor group_norm(const at::Tensor& x, int64_t num_groups, const OptTensor& 
                       double eps, std::string_view activation) {
   const GroupNormCall c = make_call("group_norm", x, nullptr, num_groups, weight, bias, eps, activation);
   at::Tensor out = empty_output(c);
-  launch(c, out);
+  launch_group_norm_call(c, out);
   return out;
 }
 
@@ -251,14 +251,14 @@ void group_norm_out(at::Tensor& out, const at::Tensor& x, int64_t num_groups, co
                     const OptTensor& bias, double eps, std::string_view activation) {
   const GroupNormCall c = make_call("group_norm", x, nullptr, num_groups, weight, bias, eps, activation);
   check_out(c, out);
-  launch(c, out);
+  launch_group_norm_call(c, out);
 }
 
 at::Tensor add_group_norm(const at::Tensor& x, const at::Tensor& bias_nc, int64_t num_groups, const OptTensor& weight,
                           const OptTensor& bias, double eps, std::string_view activation) {
   const GroupNormCall c = make_call("add_group_norm", x, &bias_nc, num_groups, weight, bias, eps, activation);
   at::Tensor out = empty_output(c);
-  launch(c, out);
+  launch_group_norm_call(c, out);
   return out;
 }
 
@@ -266,7 +266,7 @@ void add_group_norm_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& 
                         const OptTensor& weight, const OptTensor& bias, double eps, std::string_view activation) {
   const GroupNormCall c = make_call("add_group_norm", x, &bias_nc, num_groups, weight, bias, eps, activation);
   check_out(c, out);
-  launch(c, out);
+  launch_group_norm_call(c, out);
 }
 
 // The entry points defined above are the ones ops.h declares: a definition with another signature

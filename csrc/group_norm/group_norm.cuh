@@ -692,7 +692,7 @@ inline int64_t group_norm_workspace_floats(const GroupNormPlan& plan, int64_t ba
 namespace group_norm_detail {
 
 template <typename T, int kVec>
-cudaError_t launch(const GroupNormParams<T>& p, cudaStream_t stream) {
+cudaError_t LaunchGroupNorm(const GroupNormParams<T>& p, cudaStream_t stream) {
   const GroupNormPlan& plan = p.plan;
   const int64_t num_groups = p.batch * p.groups;
   const dim3 finalize_grid(
@@ -727,7 +727,7 @@ cudaError_t GroupNorm(const GroupNormParams<T>& p, cudaStream_t stream) {
       (group_norm_workspace_floats(p.plan, p.batch, p.groups) > 0 && p.workspace == nullptr))
     return cudaErrorInvalidValue;
   constexpr int kVec = vec_size<T>();
-  return p.plan.vec == kVec ? launch<T, kVec>(p, stream) : launch<T, 1>(p, stream);
+  return p.plan.vec == kVec ? LaunchGroupNorm<T, kVec>(p, stream) : LaunchGroupNorm<T, 1>(p, stream);
 }
 
 }  // namespace transformer_kernels

@@ -233,7 +233,7 @@ inline void plan(int64_t rows, int vocab, int vec, int sm_count, int max_threads
 }
 
 template <typename T, bool kSoftcap, int kVec>
-cudaError_t launch(const CrossEntropyParams<T>& p, int sm_count, cudaStream_t stream) {
+cudaError_t LaunchCrossEntropy(const CrossEntropyParams<T>& p, int sm_count, cudaStream_t stream) {
   constexpr auto kKernel = &kernel_entry<CrossEntropyParams<T>, body<T, kSoftcap, kVec>>;
   dim3 grid, block;
   // The soft-capped kernels use more than 64 registers: 1024 threads would not fit an SM's 64 K.
@@ -256,8 +256,12 @@ cudaError_t cross_entropy_rows(const CrossEntropyParams<T>& p, cudaStream_t stre
   const bool vectorizable = is_vec_aligned<T, kVec>(p.logits) && p.logits_stride % kVec == 0;
   const bool softcap = p.softcap > 0.f;
   using namespace cross_entropy_detail;
-  if (vectorizable) return softcap ? launch<T, true, kVec>(p, sm_count, stream) : launch<T, false, kVec>(p, sm_count, stream);
-  return softcap ? launch<T, true, 1>(p, sm_count, stream) : launch<T, false, 1>(p, sm_count, stream);
+  if (vectorizable) {
+    return softcap ? LaunchCrossEntropy<T, true, kVec>(p, sm_count, stream)
+                   : LaunchCrossEntropy<T, false, kVec>(p, sm_count, stream);
+  }
+  return softcap ? LaunchCrossEntropy<T, true, 1>(p, sm_count, stream)
+                 : LaunchCrossEntropy<T, false, 1>(p, sm_count, stream);
 }
 
 }  // namespace transformer_kernels

@@ -136,7 +136,7 @@ void run(const NormCall& c) {
   TORCH_CHECK(err == cudaSuccess, c.op, ": kernel launch failed: ", cudaGetErrorString(err));
 }
 
-void launch(const NormCall& c) {
+void launch_norm_call(const NormCall& c) {
   check_instantiated_dtypes(c);
   if (validation_only(*c.x)) return;
   const at::cuda::OptionalCUDAGuard device_guard(c.x->device());
@@ -250,7 +250,7 @@ NormType check_modulated(const char* op, const at::Tensor& x, const at::Tensor& 
 at::Tensor rms_norm(const at::Tensor& x, const OptTensor& weight, double eps, std::string_view rounding) {
   const RmsRounding r = check_rms_norm("rms_norm", x, weight, eps, rounding);
   at::Tensor out = empty_like_rows(x, r.out_dtype);
-  launch(rms_norm_call(x, weight, eps, r, out));
+  launch_norm_call(rms_norm_call(x, weight, eps, r, out));
   return out;
 }
 
@@ -259,7 +259,7 @@ void rms_norm_out(at::Tensor& out, const at::Tensor& x, const OptTensor& weight,
   const RmsRounding r = check_rms_norm("rms_norm", x, weight, eps, rounding);
   const NormCall c = rms_norm_call(x, weight, eps, r, out);
   check_output(c, out, "out", r.out_dtype);
-  launch(c);
+  launch_norm_call(c);
 }
 
 std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm(const at::Tensor& x, const at::Tensor& residual,
@@ -269,7 +269,7 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm(const at::Tensor& x, const
   check_same_as_x(op, residual, "residual", x);
   at::Tensor out = empty_like_rows(x, r.out_dtype);
   at::Tensor h = empty_like_rows(x, x.scalar_type());
-  launch(fused_add_rms_norm_call(op, x, residual, weight, eps, r, out, h));
+  launch_norm_call(fused_add_rms_norm_call(op, x, residual, weight, eps, r, out, h));
   return {out, h};
 }
 
@@ -283,7 +283,7 @@ void fused_add_rms_norm_out(at::Tensor& out, at::Tensor& residual_out, const at:
   check_output(c, out, "out", r.out_dtype);
   check_output(c, residual_out, "residual_out", x.scalar_type());
   check_no_overlap(op, out, "out", residual_out, "residual_out");
-  launch(c);
+  launch_norm_call(c);
 }
 
 void fused_add_rms_norm_inplace(at::Tensor& x, at::Tensor& residual, const OptTensor& weight, double eps,
@@ -301,7 +301,7 @@ void fused_add_rms_norm_inplace(at::Tensor& x, at::Tensor& residual, const OptTe
   check_no_overlap(op, x, "x", residual, "residual");
   if (weight) check_no_overlap(op, x, "x", *weight, "weight");
   if (weight) check_no_overlap(op, residual, "residual", *weight, "weight");
-  launch(fused_add_rms_norm_call(op, x, residual, weight, eps, r, x, residual));
+  launch_norm_call(fused_add_rms_norm_call(op, x, residual, weight, eps, r, x, residual));
 }
 
 // ---- layer_norm ----
@@ -320,7 +320,7 @@ void check_layer_norm(const char* op, const at::Tensor& x, const OptTensor& weig
 at::Tensor layer_norm(const at::Tensor& x, const OptTensor& weight, const OptTensor& bias, double eps) {
   check_layer_norm("layer_norm", x, weight, bias, eps);
   at::Tensor out = empty_like_rows(x, x.scalar_type());
-  launch(layer_norm_call(x, weight, bias, eps, out));
+  launch_norm_call(layer_norm_call(x, weight, bias, eps, out));
   return out;
 }
 
@@ -329,7 +329,7 @@ void layer_norm_out(at::Tensor& out, const at::Tensor& x, const OptTensor& weigh
   check_layer_norm("layer_norm", x, weight, bias, eps);
   const NormCall c = layer_norm_call(x, weight, bias, eps, out);
   check_output(c, out, "out", x.scalar_type());
-  launch(c);
+  launch_norm_call(c);
 }
 
 // ---- AdaLN: norm(x) * (1 + scale) + shift ----
@@ -339,7 +339,7 @@ at::Tensor norm_modulate(const at::Tensor& x, const at::Tensor& scale, const Opt
   constexpr const char* op = "norm_modulate";
   const NormType type = check_modulated(op, x, scale, shift, weight, bias, eps, norm);
   at::Tensor out = empty_like_rows(x, x.scalar_type());
-  launch(modulated_call(op, type, x, scale, shift, weight, bias, eps, out));
+  launch_norm_call(modulated_call(op, type, x, scale, shift, weight, bias, eps, out));
   return out;
 }
 
@@ -349,7 +349,7 @@ void norm_modulate_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& s
   const NormType type = check_modulated(op, x, scale, shift, weight, bias, eps, norm);
   const NormCall c = modulated_call(op, type, x, scale, shift, weight, bias, eps, out);
   check_output(c, out, "out", x.scalar_type());
-  launch(c);
+  launch_norm_call(c);
 }
 
 // ---- (gated) residual + AdaLN: h = x + gate * y (or x + y); out = norm(h) * (1 + scale) + shift ----
@@ -370,7 +370,7 @@ std::tuple<at::Tensor, at::Tensor> gated_add_norm_modulate(const at::Tensor& x, 
   check_gated(op, x, y, gate);
   at::Tensor h = empty_like_rows(x, x.scalar_type());
   at::Tensor out = empty_like_rows(x, x.scalar_type());
-  launch(gated_call(op, type, x, y, gate, scale, shift, weight, bias, eps, out, h));
+  launch_norm_call(gated_call(op, type, x, y, gate, scale, shift, weight, bias, eps, out, h));
   return {h, out};
 }
 
@@ -384,7 +384,7 @@ void gated_add_norm_modulate_out(at::Tensor& h_out, at::Tensor& out, const at::T
   check_output(c, out, "out", x.scalar_type());
   check_output(c, h_out, "h_out", x.scalar_type());
   check_no_overlap(op, out, "out", h_out, "h_out");
-  launch(c);
+  launch_norm_call(c);
 }
 
 // The entry points defined above are the ones ops.h declares: a definition with another signature

@@ -53,7 +53,7 @@ int block_threads(int64_t vecs) {
 // 1536 and more in every supported model) and the scalar path (misaligned views) take a block per
 // whole row at every width (NOTES.md §Build size and instantiations).
 template <typename Op, int kVec>
-cudaError_t launch(const typename Op::Params& p, cudaStream_t stream) {
+cudaError_t LaunchNorm(const typename Op::Params& p, cudaStream_t stream) {
   using Policy = typename Op::policy;
   constexpr bool kEverySchedule = kVec > 1 && !Op::kModulated;
   const int64_t num_vecs = p.hidden / kVec;
@@ -116,8 +116,8 @@ cudaError_t norm(const NormParams<T, weight_t, out_t>& p, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   using Op = NormOp<Policy, T, weight_t, out_t, kNorm, kPre, kMod>;
   constexpr int kVec = vec_size<T>();
-  return norm_detail::vectorizable(p, kVec) ? norm_detail::launch<Op, kVec>(p, stream)
-                                            : norm_detail::launch<Op, 1>(p, stream);
+  return norm_detail::vectorizable(p, kVec) ? norm_detail::LaunchNorm<Op, kVec>(p, stream)
+                                            : norm_detail::LaunchNorm<Op, 1>(p, stream);
 }
 
 }  // namespace transformer_kernels

@@ -48,7 +48,7 @@ NormBackwardType resolve_norm_type(const char* op, std::string_view norm) {
 }
 
 // The (norm, features) kernels the ops use; nothing else is instantiated.
-void launch(const NormBackwardCall& c) {
+void launch_norm_backward_call(const NormBackwardCall& c) {
   const at::Tensor& x = c.h != nullptr ? *c.h : *c.dout;
   if (validation_only(x)) return;
   const at::cuda::OptionalCUDAGuard device_guard(x.device());
@@ -93,7 +93,7 @@ std::tuple<at::Tensor, at::Tensor> rms_backward(const char* op, const at::Tensor
   c.eps = eps;
   c.dh = mask[0] ? &dx : nullptr;
   c.grads[kGradWeight] = mask[1] && weight ? &dw : nullptr;
-  if (anything_asked(c)) launch(c);
+  if (anything_asked(c)) launch_norm_backward_call(c);
   return {dx, dw};
 }
 
@@ -154,7 +154,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward(const at::Ten
   c.dh = output_mask[0] ? &dx : nullptr;
   c.grads[kGradWeight] = output_mask[1] && weight ? &dw : nullptr;
   c.grads[kGradBias] = output_mask[2] && bias ? &db : nullptr;
-  if (anything_asked(c)) launch(c);
+  if (anything_asked(c)) launch_norm_backward_call(c);
   return {dx, dw, db};
 }
 
@@ -177,7 +177,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> norm_modu
   c.grads[kGradShift] = output_mask[2] && shift ? &dshift : nullptr;
   c.grads[kGradWeight] = output_mask[3] && weight ? &dw : nullptr;
   c.grads[kGradBias] = output_mask[4] && bias ? &db : nullptr;
-  if (anything_asked(c)) launch(c);
+  if (anything_asked(c)) launch_norm_backward_call(c);
   return {dx, dscale, dshift, dw, db};
 }
 
@@ -211,7 +211,7 @@ gated_add_norm_modulate_backward(const OptTensor& grad_h, const at::Tensor& grad
   c.grads[kGradShift] = output_mask[4] && shift ? &dshift : nullptr;
   c.grads[kGradWeight] = output_mask[5] && weight ? &dw : nullptr;
   c.grads[kGradBias] = output_mask[6] && bias ? &db : nullptr;
-  if (anything_asked(c)) launch(c);
+  if (anything_asked(c)) launch_norm_backward_call(c);
   return {dx, dy, dgate, dscale, dshift, dw, db};
 }
 
@@ -228,7 +228,7 @@ std::tuple<at::Tensor, at::Tensor> gated_add_backward(const at::Tensor& grad_out
   c.gate = &gate;
   c.dy = output_mask[0] ? &dy : nullptr;
   c.grads[kGradGate] = output_mask[1] ? &dgate : nullptr;
-  if (anything_asked(c)) launch(c);
+  if (anything_asked(c)) launch_norm_backward_call(c);
   return {dy, dgate};
 }
 

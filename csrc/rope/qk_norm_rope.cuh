@@ -308,7 +308,7 @@ constexpr int block_few_vecs() {
 // Launches the kernels of one vector width for groups of kRows rows, as qk_norm_rope_schedule says.
 template <typename Policy, QkNormRopeForm kForm, CosSinSource kSource, typename T, typename weight_t,
           typename table_t, int kVec, int kRows>
-cudaError_t launch(const QkNormRopeParams<T, weight_t, table_t>& p, cudaStream_t stream) {
+cudaError_t LaunchQkNormRope(const QkNormRopeParams<T, weight_t, table_t>& p, cudaStream_t stream) {
   constexpr bool kRowGroups = kVec == vec_size<T>();
   const QkNormRopeSchedule s = qk_norm_rope_schedule<Policy, kForm, kVec>(p.width, kRowGroups);
   const int64_t groups = p.qk.num_rows() / kRows;
@@ -375,7 +375,7 @@ cudaError_t QkNormRope(const QkNormRopeParams<T, weight_t, table_t>& p, cudaStre
   if (p.qk.num_rows() == 0 || p.width == 0) return cudaSuccess;
   constexpr int kVec = vec_size<T>();
   constexpr int kMinVec = qk_norm_rope_detail::min_vec(kForm);
-  using qk_norm_rope_detail::launch;
+  using qk_norm_rope_detail::LaunchQkNormRope;
   // q's and k's row of a token in one group when each has one norm group: the coordinate form
   // computes the token's sines once (always); diffusers' table form loads its cos/sin rows once
   // (launch_shared_tables).
@@ -389,8 +389,8 @@ cudaError_t QkNormRope(const QkNormRopeParams<T, weight_t, table_t>& p, cudaStre
       if (err != cudaErrorLaunchOutOfResources) return err;
     }
   }
-  return vectorized ? launch<Policy, kForm, kSource, T, weight_t, table_t, kVec, kCoordsRows>(p, stream)
-                    : launch<Policy, kForm, kSource, T, weight_t, table_t, kMinVec, kCoordsRows>(p, stream);
+  return vectorized ? LaunchQkNormRope<Policy, kForm, kSource, T, weight_t, table_t, kVec, kCoordsRows>(p, stream)
+                    : LaunchQkNormRope<Policy, kForm, kSource, T, weight_t, table_t, kMinVec, kCoordsRows>(p, stream);
 }
 
 }  // namespace transformer_kernels

@@ -166,9 +166,9 @@ void run(at::Tensor& q_out, at::Tensor& k_out, const at::Tensor& q, const at::Te
   });
 }
 
-void launch(at::Tensor& q_out, at::Tensor& k_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
-            const at::Tensor& sin, std::string_view style, bool fp32_math, bool copy_pass_through,
-            const at::Tensor* positions = nullptr) {
+void launch_rope_call(at::Tensor& q_out, at::Tensor& k_out, const at::Tensor& q, const at::Tensor& k,
+                      const at::Tensor& cos, const at::Tensor& sin, std::string_view style, bool fp32_math,
+                      bool copy_pass_through, const at::Tensor* positions = nullptr) {
   const RopeStyle s = resolve_style(style);
   auto with = [&](auto style_tag, auto fp32_tag, auto cache_tag) {
     run<decltype(style_tag)::value, decltype(fp32_tag)::value, decltype(cache_tag)::value>(
@@ -236,7 +236,7 @@ std::tuple<at::Tensor, at::Tensor> rope(const at::Tensor& q, const at::Tensor& k
   resolve_style(style);
   at::Tensor q_out = empty_tensor(q.sizes(), q.options());
   at::Tensor k_out = empty_tensor(k.sizes(), k.options());
-  launch(q_out, k_out, q, k, cos, sin, style, fp32_math, /*copy_pass_through=*/true);
+  launch_rope_call(q_out, k_out, q, k, cos, sin, style, fp32_math, /*copy_pass_through=*/true);
   return {q_out, k_out};
 }
 
@@ -252,7 +252,7 @@ void rope_(at::Tensor& q, at::Tensor& k, const at::Tensor& cos, const at::Tensor
     check_no_overlap(kOp, q, "q", *t, name);
     check_no_overlap(kOp, k, "k", *t, name);
   }
-  launch(q, k, q, k, cos, sin, style, fp32_math, /*copy_pass_through=*/false);
+  launch_rope_call(q, k, q, k, cos, sin, style, fp32_math, /*copy_pass_through=*/false);
 }
 
 // transformers' layouts: unsqueeze_dim 1 is q [B, H, S, d] (viewed here as [B, S, H, d], no copy),
@@ -288,7 +288,7 @@ void rope_cached_(const at::Tensor& positions, at::Tensor& query, at::Tensor& ke
   check_heads_and_rows(kOp, q, k);
   // One rounding from fp32 with an fp32 cache; per op (vLLM's scalar_t arithmetic) in q's dtype.
   const bool fp32_math = cos_sin_cache.scalar_type() == at::kFloat && query.scalar_type() != at::kFloat;
-  launch(q, k, q, k, cos_sin_cache, cos_sin_cache, style, fp32_math, /*copy_pass_through=*/false, &positions);
+  launch_rope_call(q, k, q, k, cos_sin_cache, cos_sin_cache, style, fp32_math, /*copy_pass_through=*/false, &positions);
 }
 
 namespace {

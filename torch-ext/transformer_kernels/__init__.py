@@ -24,7 +24,7 @@ from .activation import (
     silu_and_mul,
 )
 from .group_norm import add_group_norm, group_norm
-from .linear import linear_gelu, linear_gelu_fused
+from .gemm import linear_gelu, linear_gelu_fused
 from .loss import fused_linear_cross_entropy
 from .norm import (
     fused_add_rms_norm,
