@@ -284,6 +284,29 @@ def _norm_entries():
     }
 
 
+def _gated_add_entries():
+    """gated_add, a member of the norm family: x + gate * y (the elementwise kernel's gated form) and
+    its backward (the norm backward with no norm)."""
+    def gated_add(out: bool):
+        def build(m, case):
+            (B, S, H), lay = _rows(m, case)
+            args = (m.tensor((B, S, H), lay), m.tensor((B, S, H), lay), m.tensor((B, 1, H), scale=0.5))
+            return ((m.nan((B, S, H), lay), *args) if out else args), ((0,) if out else ())
+        return build
+
+    return {
+        "gated_add": ("gated_add", gated_add(False)),
+        "gated_add_out": ("gated_add_out", gated_add(True)),
+        # backward: grad_out, y, gate and the mask (dy, dgate)
+        "gated_add_backward": ("gated_add_backward", lambda m, case: (
+            (m.tensor(_rows(m, case)[0], _rows(m, case)[1], scale=1.0, offset=0.0),
+             *gated_add(False)(m, case)[0][1:], [True, True]), ())),
+        "gated_add_backward[dgate]": ("gated_add_backward", lambda m, case: (
+            (m.tensor(_rows(m, case)[0], _rows(m, case)[1], scale=1.0, offset=0.0),
+             *gated_add(False)(m, case)[0][1:], [False, True]), ())),
+    }
+
+
 def _activation_entries():
     def act(name: str):
         def build(m, case):
@@ -316,13 +339,6 @@ def _activation_entries():
         return (m.nan((B, S, H), lay), m.tensor((B, S, H), lay, scale=3.0, offset=0.0), m.tensor((B, S, H), lay),
                 "gelu"), (0,)
 
-    def gated_add(out: bool):
-        def build(m, case):
-            (B, S, H), lay = _rows(m, case)
-            args = (m.tensor((B, S, H), lay), m.tensor((B, S, H), lay), m.tensor((B, 1, H), scale=0.5))
-            return ((m.nan((B, S, H), lay), *args) if out else args), ((0,) if out else ())
-        return build
-
     return {
         "activation[silu]": ("activation", act("silu")),
         "activation[gelu]": ("activation", act("gelu")),
@@ -335,8 +351,6 @@ def _activation_entries():
         "act_mul[silu]": ("act_mul", mul("silu")),
         "act_mul[gelu_tanh]": ("act_mul", mul("gelu_tanh")),
         "act_mul_out": ("act_mul_out", mul_out),
-        "gated_add": ("gated_add", gated_add(False)),
-        "gated_add_out": ("gated_add_out", gated_add(True)),
         # backward: the output's gradient first, then the forward's inputs
         "activation_backward[gelu_tanh]": ("activation_backward", lambda m, case: (
             (m.tensor(_rows(m, case)[0], _rows(m, case)[1]), *act("gelu_tanh")(m, case)[0]), ())),
@@ -346,13 +360,6 @@ def _activation_entries():
             (m.tensor(_rows(m, case)[0], _rows(m, case)[1]), *and_mul("gelu", False)(m, case)[0]), ())),
         "act_mul_backward[silu]": ("act_mul_backward", lambda m, case: (
             (m.tensor(_rows(m, case)[0], _rows(m, case)[1]), *mul("silu")(m, case)[0]), ())),
-        # gated_add's backward (csrc/norm/norm_backward.cu): grad_out, y, gate and the mask (dy, dgate)
-        "gated_add_backward": ("gated_add_backward", lambda m, case: (
-            (m.tensor(_rows(m, case)[0], _rows(m, case)[1], scale=1.0, offset=0.0),
-             *gated_add(False)(m, case)[0][1:], [True, True]), ())),
-        "gated_add_backward[dgate]": ("gated_add_backward", lambda m, case: (
-            (m.tensor(_rows(m, case)[0], _rows(m, case)[1], scale=1.0, offset=0.0),
-             *gated_add(False)(m, case)[0][1:], [False, True]), ())),
     }
 
 
@@ -618,7 +625,7 @@ def _group_norm_entries():
 # Ops that launch nothing (host queries): covered by the rest of their family.
 QUERY_OPS = ("linear_gelu_fused",)
 
-FAMILIES = {"norm": _norm_entries(), "activation": _activation_entries(), "rope": _rope_entries(),
+FAMILIES = {"norm": {**_norm_entries(), **_gated_add_entries()}, "activation": _activation_entries(), "rope": _rope_entries(),
             "gemm": _gemm_entries(), "loss": _loss_entries(), "group_norm": _group_norm_entries()}
 ENTRIES: dict[str, tuple[str, str, Callable]] = {
     name: (family, op, build) for family, entries in FAMILIES.items() for name, (op, build) in entries.items()

@@ -93,3 +93,12 @@ def test_python_modules_mirror_the_families():
     families = {p.parent.name for p in (ROOT / "csrc").glob("*/ops.h")}
     modules = {p.stem for p in (ROOT / "torch-ext" / "transformer_kernels").glob("*.py")}
     assert families <= modules, f"families without a module of their name: {sorted(families - modules)}"
+
+
+def test_catalog_families_are_the_ops_families():
+    """Each catalog entry sits in the family that owns its op (docs/ops.md's family column)."""
+    import op_catalog as oc
+
+    rows = table()
+    wrong = {name: (family, rows[op][0]) for name, (family, op, _) in oc.ENTRIES.items() if rows[op][0] != family}
+    assert not wrong, f"catalog entries in another family than their op's: {wrong}"

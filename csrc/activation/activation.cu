@@ -79,7 +79,8 @@ void launch_elementwise_call(const ElementwiseCall& c) {
   switch (c.kind) {
     case Elementwise::kAct: return dispatch_activation<Elementwise::kAct>(c);
     case Elementwise::kActMul: return dispatch_activation<Elementwise::kActMul>(c);
-    case Elementwise::kGatedAdd: return run<Elementwise::kGatedAdd, Activation::kNone>(c);
+    case Elementwise::kGatedAdd:
+      TORCH_CHECK(false, c.op, ": the gated add is the norm family's (norm/gated_add.cu)");
   }
 }
 
@@ -161,20 +162,6 @@ ElementwiseCall act_mul_call(const at::Tensor& gate, const at::Tensor& up, std::
   return c;
 }
 
-ElementwiseCall gated_add_call(const at::Tensor& x, const at::Tensor& y, const at::Tensor& gate, at::Tensor& out) {
-  constexpr const char* op = "gated_add";
-  check_row_input(op, x, "x");
-  check_same_as_x(op, y, "y", x);
-  check_broadcasts_to(op, gate, "gate", x);
-  ElementwiseCall c(op, Elementwise::kGatedAdd, Activation::kNone, x, out, num_rows(x), x.size(-1));
-  c.x = x.const_data_ptr();
-  c.x_rows = row_indexer(op, x, "x");
-  c.gated = y.const_data_ptr();
-  c.gated_rows = row_indexer(op, y, "y");
-  c.gate = gate.const_data_ptr();
-  c.gate_rows = broadcast_row_indexer(op, gate, "gate", x);
-  return c;
-}
 }  // namespace
 
 at::Tensor act_mul(const at::Tensor& gate, const at::Tensor& up, std::string_view act) {
@@ -192,24 +179,10 @@ void act_mul_out(at::Tensor& out, const at::Tensor& gate, const at::Tensor& up, 
   launch_elementwise_call(c);
 }
 
-at::Tensor gated_add(const at::Tensor& x, const at::Tensor& y, const at::Tensor& gate) {
-  at::Tensor out;
-  ElementwiseCall c = gated_add_call(x, y, gate, out);
-  out = empty_tensor(x.sizes(), x.options());
-  launch_elementwise_call(c);
-  return out;
-}
-
-void gated_add_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& y, const at::Tensor& gate) {
-  ElementwiseCall c = gated_add_call(x, y, gate, out);
-  check_output("gated_add", out, "out", x, x.sizes(), x.scalar_type(), {{&x, "x"}, {&y, "y"}, {&gate, "gate"}});
-  launch_elementwise_call(c);
-}
-
 // The entry points defined above are the ones ops.h declares: a definition with another signature
 // would be a second overload, and taking its address here ambiguous (a compile error, not a failure
 // to load the extension).
 [[maybe_unused]] constexpr auto kDeclaredEntryPoints = std::make_tuple(&activation, &activation_out, &act_and_mul,
-    &act_and_mul_out, &act_mul, &act_mul_out, &gated_add, &gated_add_out);
+    &act_and_mul_out, &act_mul, &act_mul_out);
 
 }  // namespace transformer_kernels

@@ -1,6 +1,7 @@
-// The torch entry points of the activation family (csrc/activation: activation.cu, activation_backward.cu): the C++ signatures of its op
-// schemas, registered in torch-ext/torch_binding.cpp. The family's .cu files include this header,
-// so a definition that drifts from its declaration fails to compile.
+// The torch entry points of the activation family (csrc/activation: activation.cu,
+// activation_backward.cu): the C++ signatures of its op schemas, registered in
+// torch-ext/torch_binding.cpp. The family's .cu files include this header, so a definition that
+// drifts from its declaration fails to compile.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -21,14 +22,10 @@ void act_and_mul_out(at::Tensor& out, const at::Tensor& x, std::string_view act,
 // gate, up: [..., H] -> act(gate) * up
 at::Tensor act_mul(const at::Tensor& gate, const at::Tensor& up, std::string_view act);
 void act_mul_out(at::Tensor& out, const at::Tensor& gate, const at::Tensor& up, std::string_view act);
-// x, y: [..., H]; gate broadcast to x -> x + gate * y
-at::Tensor gated_add(const at::Tensor& x, const at::Tensor& y, const at::Tensor& gate);
-void gated_add_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& y, const at::Tensor& gate);
 // grad: the forward output's gradient; returns the inputs' gradients ([..., 2H] for act_and_mul).
 at::Tensor activation_backward(const at::Tensor& grad, const at::Tensor& x, std::string_view act);
-at::Tensor act_and_mul_backward(const at::Tensor& grad, const at::Tensor& x, std::string_view act,
-                                   bool act_first);
+at::Tensor act_and_mul_backward(const at::Tensor& grad, const at::Tensor& x, std::string_view act, bool act_first);
 std::tuple<at::Tensor, at::Tensor> act_mul_backward(const at::Tensor& grad, const at::Tensor& gate,
-                                                          const at::Tensor& up, std::string_view act);
+                                                    const at::Tensor& up, std::string_view act);
 
 }  // namespace transformer_kernels

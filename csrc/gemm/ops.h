@@ -14,7 +14,8 @@ namespace transformer_kernels {
 
 // x [..., K], weight [N, K], bias [N] or None, one float dtype -> gelu_tanh(x @ weight^T + bias) [..., N]
 at::Tensor linear_gelu(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias);
-void linear_gelu_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias);
+void linear_gelu_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight,
+                     const std::optional<at::Tensor>& bias);
 // Whether linear_gelu(x, weight, bias) runs as one cuBLASLt matmul with the GELU epilogue here
 // (else it takes the separate GEMM and activation); a host query, for tests and benchmarks.
 bool linear_gelu_fused(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias);

@@ -14,14 +14,16 @@ namespace transformer_kernels {
 
 // x: [N, C, *spatial], channels-first (NCHW, NCDHW) or channels-last (NHWC, NDHWC), any batch stride;
 // weight, bias: [C] in x's dtype; activation "none" | "silu". The output keeps x's layout.
-at::Tensor group_norm(const at::Tensor& x, int64_t num_groups, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
-                         double eps, std::string_view activation);
+at::Tensor group_norm(const at::Tensor& x, int64_t num_groups, const std::optional<at::Tensor>& weight,
+                      const std::optional<at::Tensor>& bias, double eps, std::string_view activation);
 void group_norm_out(at::Tensor& out, const at::Tensor& x, int64_t num_groups, const std::optional<at::Tensor>& weight,
                     const std::optional<at::Tensor>& bias, double eps, std::string_view activation);
 // The same of h = x + bias_nc ([N or 1, C] or [N or 1, C, 1, ...], x's dtype): ResnetBlock2D's time embedding.
 at::Tensor add_group_norm(const at::Tensor& x, const at::Tensor& bias_nc, int64_t num_groups,
-                             const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps, std::string_view activation);
+                          const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps,
+                          std::string_view activation);
 void add_group_norm_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& bias_nc, int64_t num_groups,
-                        const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps, std::string_view activation);
+                        const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps,
+                        std::string_view activation);
 
 }  // namespace transformer_kernels

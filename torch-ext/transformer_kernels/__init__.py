@@ -15,7 +15,6 @@ from ._autograd import has_backward
 from ._ops import add_op_namespace_prefix, ops
 from .activation import (
     act_mul,
-    gated_add,
     geglu,
     gelu,
     gelu_and_mul,
@@ -29,6 +28,7 @@ from .loss import fused_linear_cross_entropy
 from .norm import (
     fused_add_rms_norm,
     fused_add_rms_norm_,
+    gated_add,
     gated_add_norm_modulate,
     layer_norm,
     norm_modulate,

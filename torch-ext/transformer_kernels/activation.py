@@ -5,7 +5,7 @@ gated units ``act(a) * b`` twice (the activation's result, then the product), li
 ``F.silu(gate) * up`` in transformers' MLPs and ``h * F.gelu(gate)`` in diffusers' GEGLU. Inputs:
 CUDA float32/float16/bfloat16, last dimension contiguous, leading dimensions any strides.
 
-Ops: ``act_mul`` and ``gated_add`` are the functions of those names. ``silu`` and ``gelu`` keep
+Ops: ``act_mul`` is the function of that name. ``silu`` and ``gelu`` keep
 ``torch.nn.functional``'s names and call the ``activation`` op; ``silu_and_mul``,
 ``gelu_and_mul``, ``gelu_tanh_and_mul`` (vLLM's and kernels-community's names) and ``geglu``
 (diffusers') call the ``act_and_mul`` op.
@@ -93,24 +93,12 @@ def act_mul(gate: torch.Tensor, up: torch.Tensor, activation: str = "silu",
     return out
 
 
-def gated_add(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """``x + gate * y`` (a DiT block's gated residual with no norm after it); ``gate`` broadcasts
-    to ``x`` (``[D]``, ``[B, 1, D]``, ``[B, S, D]``, or strided views)."""
-    if out is None:
-        return dispatch(_gated_add_op, x, y, gate)
-    refuse_grad("gated_add", "out= form", x, y, gate)  # the functional form has the backward (norm.py)
-    _gated_add_out_op(out, x, y, gate)
-    return out
-
-
 _activation_op = ops.activation.default
 _activation_out_op = ops.activation_out.default
 _act_and_mul_op = ops.act_and_mul.default
 _act_and_mul_out_op = ops.act_and_mul_out.default
 _act_mul_op = ops.act_mul.default
 _act_mul_out_op = ops.act_mul_out.default
-_gated_add_op = ops.gated_add.default
-_gated_add_out_op = ops.gated_add_out.default
 
 
 # ---- fake (meta) implementations ----
@@ -163,16 +151,6 @@ def _(gate, up, act):
 def _(out, gate, up, act):
     _check_act("act_mul", act)
     _check_out("act_mul", out, gate.shape, gate.dtype)
-
-
-@register_fake("gated_add")
-def _(x, y, gate):
-    return x.new_empty(x.shape)
-
-
-@register_fake("gated_add_out")
-def _(out, x, y, gate):
-    _check_out("gated_add", out, x.shape, x.dtype)
 
 
 @register_fake("activation_backward")

@@ -225,6 +225,17 @@ def gated_add_norm_modulate(
     return h_out, out
 
 
+def gated_add(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``x + gate * y`` (a DiT block's gated residual with no norm after it); ``gate`` broadcasts
+    to ``x`` (``[D]``, ``[B, 1, D]``, ``[B, S, D]``, or strided views). Its backward is the norm
+    backward with no norm (``gated_add_backward``)."""
+    if out is None:
+        return dispatch(_gated_add, x, y, gate)
+    refuse_grad("gated_add", "out= form", x, y, gate)
+    _gated_add_out(out, x, y, gate)
+    return out
+
+
 # Resolved overloads skip the packet's per-call overload lookup (decode calls are host-bound).
 _rms_norm = ops.rms_norm.default
 _rms_norm_out = ops.rms_norm_out.default
@@ -236,6 +247,8 @@ _layer_norm_out = ops.layer_norm_out.default
 _norm_modulate = ops.norm_modulate.default
 _norm_modulate_out = ops.norm_modulate_out.default
 _gated_add_norm_modulate = ops.gated_add_norm_modulate.default
+_gated_add = ops.gated_add.default
+_gated_add_out = ops.gated_add_out.default
 _gated_add_norm_modulate_out = ops.gated_add_norm_modulate_out.default
 
 
@@ -304,6 +317,16 @@ def _(x, scale, shift, weight, bias, eps, norm):
 def _(out, x, scale, shift, weight, bias, eps, norm):
     _check_choice("norm_modulate", "norm", norm, NORMS)
     _check_out("norm_modulate", "out", out, x, x.dtype)
+
+
+@register_fake("gated_add")
+def _(x, y, gate):
+    return _new(x, x.dtype)
+
+
+@register_fake("gated_add_out")
+def _(out, x, y, gate):
+    _check_out("gated_add", "out", out, x, x.dtype)
 
 
 @register_fake("gated_add_norm_modulate")
