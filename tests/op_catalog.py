@@ -401,6 +401,7 @@ def ltx_coords(m: Maker, B, S, C):
 
 
 def _rope_entries():
+    """The rope family's entries and the fused q/k norm + RoPE family's (they share the builders)."""
     def rope(style: str, fp32: bool, in_place: bool, partial: bool):
         def build(m, case):
             (B, S, Hq, Hk, d), _ = ROPE_SHAPES[case]
@@ -486,7 +487,7 @@ def _rope_entries():
             return (grad_q, grad_k, *args, list(mask)), ()
         return build
 
-    return {
+    rope_entries = {
         "rope[neox]": ("rope", rope("neox", False, False, False)),
         "rope[neox,partial]": ("rope", rope("neox", False, False, True)),
         "rope[interleaved,fp32]": ("rope", rope("interleaved", True, False, False)),
@@ -496,16 +497,18 @@ def _rope_entries():
         "rope_cached_[interleaved,fp32_cache]": ("rope_cached_", cached("interleaved", True)),
         "hf_rope": ("hf_rope", hf(False)),
         "hf_rope_": ("hf_rope_", hf(True)),
-        "qk_norm_rope": ("qk_norm_rope", qk_norm(False)),
-        "qk_norm_rope[fp32_weights]": ("qk_norm_rope", qk_norm(True)),
-        "hf_qk_norm_rope": ("hf_qk_norm_rope", hf_qk_norm(False)),
-        "hf_qk_norm_rope_out": ("hf_qk_norm_rope_out", hf_qk_norm(True)),
         "ltx_rope_from_coords": ("ltx_rope_from_coords", ltx(False)),
-        "ltx_qk_norm_rope_from_coords": ("ltx_qk_norm_rope_from_coords", ltx(True)),
         # backward: q's and k's gradients in q's and k's place (the same layouts)
         "rope_backward[neox]": ("rope_backward", rope("neox", False, False, True)),
         "rope_backward[interleaved,fp32]": ("rope_backward", rope("interleaved", True, False, False)),
         "ltx_rope_from_coords_backward": ("ltx_rope_from_coords_backward", ltx(False)),
+    }
+    qk_norm_rope_entries = {
+        "qk_norm_rope": ("qk_norm_rope", qk_norm(False)),
+        "qk_norm_rope[fp32_weights]": ("qk_norm_rope", qk_norm(True)),
+        "hf_qk_norm_rope": ("hf_qk_norm_rope", hf_qk_norm(False)),
+        "hf_qk_norm_rope_out": ("hf_qk_norm_rope_out", hf_qk_norm(True)),
+        "ltx_qk_norm_rope_from_coords": ("ltx_qk_norm_rope_from_coords", ltx(True)),
         # the fused q/k norm + RoPE backward: grad_q, grad_k in q's and k's layout, the forward's inputs, the mask
         "qk_norm_rope_backward": ("qk_norm_rope_backward", qk_backward(qk_norm(False), True, [True] * 4)),
         "qk_norm_rope_backward[fp32_weights,dqk]": ("qk_norm_rope_backward", qk_backward(qk_norm(True), True,
@@ -514,6 +517,7 @@ def _rope_entries():
         "ltx_qk_norm_rope_from_coords_backward": ("ltx_qk_norm_rope_from_coords_backward",
                                                   ltx_qk_backward([True] * 4)),
     }
+    return rope_entries, qk_norm_rope_entries
 
 
 # ---- linear_gelu (cuBLASLt epilogue, or at::linear + our gelu_tanh where it has none) ----
@@ -625,8 +629,10 @@ def _group_norm_entries():
 # Ops that launch nothing (host queries): covered by the rest of their family.
 QUERY_OPS = ("linear_gelu_fused",)
 
-FAMILIES = {"norm": {**_norm_entries(), **_gated_add_entries()}, "activation": _activation_entries(), "rope": _rope_entries(),
-            "gemm": _gemm_entries(), "loss": _loss_entries(), "group_norm": _group_norm_entries()}
+_ROPE_ENTRIES, _QK_NORM_ROPE_ENTRIES = _rope_entries()
+FAMILIES = {"norm": {**_norm_entries(), **_gated_add_entries()}, "activation": _activation_entries(),
+            "rope": _ROPE_ENTRIES, "qk_norm_rope": _QK_NORM_ROPE_ENTRIES, "gemm": _gemm_entries(),
+            "loss": _loss_entries(), "group_norm": _group_norm_entries()}
 ENTRIES: dict[str, tuple[str, str, Callable]] = {
     name: (family, op, build) for family, entries in FAMILIES.items() for name, (op, build) in entries.items()
 }
@@ -635,7 +641,7 @@ COVERED_OPS = sorted({op for _, op, _ in ENTRIES.values()} | set(QUERY_OPS))
 
 def cases_of(name: str) -> tuple[str, ...]:
     family = ENTRIES[name][0]
-    shapes = {"rope": ROPE_SHAPES, "group_norm": GROUP_NORM_SHAPES}.get(family, ROW_SHAPES)
+    shapes = {"rope": ROPE_SHAPES, "qk_norm_rope": ROPE_SHAPES, "group_norm": GROUP_NORM_SHAPES}.get(family, ROW_SHAPES)
     return tuple(c for c in CASES if c in shapes and (family != "loss" or c in LOSS_CASES))
 
 

@@ -15,6 +15,7 @@
 #include "group_norm/ops.h"
 #include "loss/ops.h"
 #include "norm/ops.h"
+#include "qk_norm_rope/ops.h"
 #include "registration.h"
 #include "rope/ops.h"
 

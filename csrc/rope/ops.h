@@ -1,6 +1,6 @@
-// The torch entry points of the RoPE family (csrc/rope: rope.cu, qk_norm_rope_backward.cu): the C++
-// signatures of its op schemas, registered in torch-ext/torch_binding.cpp. The family's .cu files
-// include this header, so a definition that drifts from its declaration fails to compile.
+// The torch entry points of the RoPE family (csrc/rope/rope.cu): the C++ signatures of its op
+// schemas, registered in torch-ext/torch_binding.cpp. The family's .cu files include this header,
+// so a definition that drifts from its declaration fails to compile.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -23,20 +23,6 @@ void rope_(at::Tensor& q, at::Tensor& k, const at::Tensor& cos, const at::Tensor
 std::tuple<at::Tensor, at::Tensor> hf_rope(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
                                            const at::Tensor& sin, int64_t unsqueeze_dim);
 void hf_rope_(at::Tensor& q, at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin, int64_t unsqueeze_dim);
-// RMSNorm then interleaved RoPE of q [B, S, Gq, L] and k [B, S, Gk, L]; weights [L] (q's dtype or
-// float32); cos, sin float32 [B or 1, S, L]; returns new (q, k)
-std::tuple<at::Tensor, at::Tensor> qk_norm_rope(const at::Tensor& q, const at::Tensor& k, const at::Tensor& q_weight,
-                                                const at::Tensor& k_weight, double eps, const at::Tensor& cos,
-                                                const at::Tensor& sin);
-// Qwen3's q_norm/k_norm (Qwen3RMSNorm per head) then NeoX RoPE, rounded as transformers' eager
-// code: q [B, S, Hq, d], k [B, S, Hk, d]; weights [d] and cos, sin [B or 1, S, d] in q's dtype;
-// returns new contiguous (q, k), or writes q_out, k_out (q's and k's shapes, any leading strides).
-std::tuple<at::Tensor, at::Tensor> hf_qk_norm_rope(const at::Tensor& q, const at::Tensor& k, const at::Tensor& q_weight,
-                                                   const at::Tensor& k_weight, double eps, const at::Tensor& cos,
-                                                   const at::Tensor& sin);
-void hf_qk_norm_rope_out(at::Tensor& q_out, at::Tensor& k_out, const at::Tensor& q, const at::Tensor& k,
-                         const at::Tensor& q_weight, const at::Tensor& k_weight, double eps, const at::Tensor& cos,
-                         const at::Tensor& sin);
 // vLLM's rotary_embedding, in place: positions [T] int64; query [T, Hq*d] or [T, Hq, d], key likewise;
 // cos_sin_cache [max_position, R] (R/2 cosines then R/2 sines per row), query's dtype or float32
 void rope_cached_(const at::Tensor& positions, at::Tensor& query, at::Tensor& key, int64_t head_size,
@@ -47,23 +33,6 @@ void rope_cached_(const at::Tensor& positions, at::Tensor& query, at::Tensor& ke
 // the fp32 tables LTXVideoRotaryPosEmbed builds from the same grid and freqs.
 std::tuple<at::Tensor, at::Tensor> ltx_rope_from_coords(const at::Tensor& q, const at::Tensor& k,
                                                         const at::Tensor& grid, const at::Tensor& freqs);
-std::tuple<at::Tensor, at::Tensor> ltx_qk_norm_rope_from_coords(const at::Tensor& q, const at::Tensor& k,
-                                                                const at::Tensor& q_weight, const at::Tensor& k_weight,
-                                                                double eps, const at::Tensor& grid,
-                                                                const at::Tensor& freqs);
-// The fused q/k norm + RoPE ops' backward. -> (grad_q, grad_k, grad_q_weight, grad_k_weight)
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> qk_norm_rope_backward(
-    const at::Tensor& grad_q_out, const at::Tensor& grad_k_out, const at::Tensor& q, const at::Tensor& k,
-    const at::Tensor& q_weight, const at::Tensor& k_weight, double eps, const at::Tensor& cos, const at::Tensor& sin,
-    std::array<bool, 4> output_mask);
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> hf_qk_norm_rope_backward(
-    const at::Tensor& grad_q_out, const at::Tensor& grad_k_out, const at::Tensor& q, const at::Tensor& k,
-    const at::Tensor& q_weight, const at::Tensor& k_weight, double eps, const at::Tensor& cos, const at::Tensor& sin,
-    std::array<bool, 4> output_mask);
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> ltx_qk_norm_rope_from_coords_backward(
-    const at::Tensor& grad_q_out, const at::Tensor& grad_k_out, const at::Tensor& q, const at::Tensor& k,
-    const at::Tensor& q_weight, const at::Tensor& k_weight, double eps, const at::Tensor& grid, const at::Tensor& freqs,
-    std::array<bool, 4> output_mask);
 // grad_q [B, S, Hq, d], grad_k [B, S, Hk, d] (rope's layout); cos, sin as rope's -> (grad of q, grad of k)
 std::tuple<at::Tensor, at::Tensor> rope_backward(const at::Tensor& grad_q, const at::Tensor& grad_k,
                                                  const at::Tensor& cos, const at::Tensor& sin, std::string_view style,

@@ -14,82 +14,23 @@
 #include "common/checks.h"
 #include "common/dispatch.h"
 #include "rope/ops.h"
-#include "rope/qk_norm_rope.cuh"
 #include "rope/rope.cuh"
+#include "rope/rope_binding.h"
 #include "rope/rope_sources.h"
 
 namespace transformer_kernels {
 namespace {
 
+using namespace rope_binding;
+
 constexpr const char* kOp = "rope";
 constexpr const char* kHfRopeOp = "apply_rotary_pos_emb";
+constexpr const char* kLtxCoordsOp = "ltx_rope_from_coords";
 
 RopeStyle resolve_style(std::string_view style) {
   if (style == "neox") return RopeStyle::kNeox;
   if (style == "interleaved") return RopeStyle::kInterleaved;
   TORCH_CHECK_VALUE(false, kOp, ": style must be \"neox\" or \"interleaved\", got \"", style, "\"");
-}
-
-HeadStrides head_strides(const at::Tensor& t) { return {/*b=*/t.stride(0), /*s=*/t.stride(1), /*h=*/t.stride(2)}; }
-
-// q, k and their outputs, [B, S, H, d] views, as the kernels address them.
-template <typename T>
-QkRows<T> qk_rows(at::Tensor& q_out, const at::Tensor& q, at::Tensor& k_out, const at::Tensor& k) {
-  QkRows<T> r;
-  r.q_out = static_cast<T*>(q_out.data_ptr());
-  r.q_out_strides = head_strides(q_out);
-  r.q = static_cast<const T*>(q.const_data_ptr());
-  r.q_strides = head_strides(q);
-  r.k_out = static_cast<T*>(k_out.data_ptr());
-  r.k_out_strides = head_strides(k_out);
-  r.k = static_cast<const T*>(k.const_data_ptr());
-  r.k_strides = head_strides(k);
-  r.batch = q.size(0);
-  r.seq = q.size(1);
-  r.num_q_heads = static_cast<int>(q.size(2));
-  r.num_k_heads = static_cast<int>(k.size(2));
-  return r.with_fast_divisors();
-}
-
-// q [B, S, Hq, d], k [B, S, Hk, d]: the kernels count heads in 32 bits (QkRows) and take at most
-// one block per row of d (B * S * (Hq + Hk) rows) in the grid's x dimension.
-void check_heads_and_rows(const char* op, const at::Tensor& q, const at::Tensor& k) {
-  constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
-  TORCH_CHECK_VALUE(q.size(2) <= kMax - k.size(2), op, ": q and k have ", q.size(2), " + ", k.size(2),
-                    " heads; at most ", kMax, " in all are supported");
-  const int64_t heads = q.size(2) + k.size(2), tokens = q.size(0) * q.size(1);
-  if (heads == 0 || q.size(3) == 0) return;  // nothing is launched
-  TORCH_CHECK_VALUE(tokens <= kMax / heads, op, ": q and k have ", tokens, " tokens of ", heads,
-                    " heads (rows of head_dim); at most ", kMax, " rows are supported");
-}
-
-// q [B, S, Hq, d] and k [B, S, Hk, d]: CUDA, float, same device and dtype, last dim contiguous.
-void check_qk(const char* op, const at::Tensor& q, const at::Tensor& k) {
-  check_cuda(op, q, "q");
-  check_float_dtype(op, q, "q");
-  TORCH_CHECK_VALUE(q.dim() == 4, op, ": q must be 4-D [B, S, H, d], got shape ", q.sizes());
-  check_last_dim_contiguous(op, q, "q");
-  check_same_device(op, k, "k", q, "q");
-  check_dtype(op, k, "k", q.scalar_type(), "the dtype of q");
-  TORCH_CHECK_VALUE(k.dim() == 4 && k.size(0) == q.size(0) && k.size(1) == q.size(1) && k.size(3) == q.size(3), op,
-                    ": k must be [B, S, H_k, d] with q's B, S and d ", q.sizes(), ", got ", k.sizes());
-  check_last_dim_contiguous(op, k, "k");
-  check_heads_and_rows(op, q, k);
-}
-
-// cos, sin [B or 1, S, width] for q [B, S, H, d]: same device, shape and strides, last dim
-// contiguous (their dtype and width are the caller's to check).
-void check_tables(const char* op, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& q) {
-  for (const auto& [t, name] : {std::pair{&cos, "cos"}, std::pair{&sin, "sin"}}) {
-    check_same_device(op, *t, name, q, "q");
-    TORCH_CHECK_VALUE(t->dim() == 3 && (t->size(0) == 1 || t->size(0) == q.size(0)) && t->size(1) == q.size(1), op,
-                      ": ", name, " must be [B or 1, S, rotary_dim] with q's B = ", q.size(0), " and S = ", q.size(1),
-                      ", got ", t->sizes());
-    check_last_dim_contiguous(op, *t, name);
-  }
-  check_same_shape(op, sin, "sin", cos, "cos");
-  TORCH_CHECK_VALUE(cos.stride(0) == sin.stride(0) && cos.stride(1) == sin.stride(1), op,
-                    ": cos and sin must have the same strides, got ", cos.strides(), " and ", sin.strides());
 }
 
 // q, k: [B, S, H, d]; cos, sin: [B or 1, S, R], R even and <= d.
@@ -292,180 +233,6 @@ void rope_cached_(const at::Tensor& positions, at::Tensor& query, at::Tensor& ke
 }
 
 namespace {
-
-constexpr const char* kNormRopeOp = "qk_norm_rope";
-constexpr const char* kHfNormRopeOp = "hf_qk_norm_rope";
-constexpr const char* kLtxCoordsOp = "ltx_rope_from_coords";
-constexpr const char* kLtxCoordsNormRopeOp = "ltx_qk_norm_rope_from_coords";
-
-// q [B, S, Gq, L], k [B, S, Gk, L]; weights [L]; eps. Each form takes what its library builds:
-// diffusers weights in q's dtype or fp32, transformers weights in the model dtype.
-void check_qk_norm(const char* op, QkNormRopeForm form, const at::Tensor& q, const at::Tensor& k,
-                   const at::Tensor& q_weight, const at::Tensor& k_weight, double eps) {
-  const bool transformers = form == QkNormRopeForm::kTransformers;
-  check_qk(op, q, k);
-  const int64_t width = q.size(3);
-  TORCH_CHECK_VALUE(width % 2 == 0, op, ": the normalized width (q.shape[-1] = ", width,
-                    ") must be even: RoPE rotates pairs");
-  for (const auto& [w, name] : {std::pair{&q_weight, "q_weight"}, std::pair{&k_weight, "k_weight"}}) {
-    check_same_device(op, *w, name, q, "q");
-    if (transformers) {
-      check_dtype(op, *w, name, q.scalar_type(),
-                  "Qwen3RMSNorm multiplies in the weight's dtype: another dtype would change the output's");
-    } else {
-      TORCH_CHECK_TYPE(w->scalar_type() == q.scalar_type() || w->scalar_type() == at::kFloat, op, ": ", name,
-                       " must have q's dtype or float32, got ", w->scalar_type());
-    }
-    TORCH_CHECK_VALUE(w->dim() == 1 && w->size(0) == width && w->is_contiguous(), op, ": ", name,
-                      " must be a contiguous [", width, "], got shape ", w->sizes(), " and strides ", w->strides());
-  }
-  TORCH_CHECK_TYPE(q_weight.scalar_type() == k_weight.scalar_type(), op,
-                   ": q_weight and k_weight must have the same dtype, got ", q_weight.scalar_type(), " and ",
-                   k_weight.scalar_type());
-  check_eps(op, eps);
-}
-
-// The norm's inputs as above; cos, sin [B or 1, S, L]: fp32 for diffusers, the model dtype for
-// transformers.
-void check_qk_norm_rope(const char* op, QkNormRopeForm form, const at::Tensor& q, const at::Tensor& k,
-                        const at::Tensor& q_weight, const at::Tensor& k_weight, double eps, const at::Tensor& cos,
-                        const at::Tensor& sin) {
-  check_qk_norm(op, form, q, k, q_weight, k_weight, eps);
-  check_tables(op, cos, sin, q);
-  const int64_t width = q.size(3);
-  for (const auto& [t, name] : {std::pair{&cos, "cos"}, std::pair{&sin, "sin"}}) {
-    if (form == QkNormRopeForm::kTransformers) {
-      check_dtype(op, *t, name, q.scalar_type(), "transformers builds cos/sin in the model dtype");
-    } else {
-      check_dtype(op, *t, name, at::kFloat, "diffusers computes the rotary tables in float32");
-    }
-    TORCH_CHECK_VALUE(t->size(2) == width, op, ": ", name, " must cover the normalized width ", width,
-                      " (q.shape[-1]), got ", t->sizes());
-  }
-}
-
-// Outputs passed by the caller: q's and k's shapes and dtype, sharing memory with no input nor
-// with each other.
-void check_qk_outputs(const char* op, const at::Tensor& q_out, const at::Tensor& k_out, const at::Tensor& q,
-                      const at::Tensor& k, const at::Tensor& q_weight, const at::Tensor& k_weight,
-                      const at::Tensor& cos, const at::Tensor& sin) {
-  for (const auto& [out, name, like] : {std::tuple{&q_out, "q_out", &q}, std::tuple{&k_out, "k_out", &k}})
-    check_output(op, *out, name, q, like->sizes(), q.scalar_type(),
-                 {{&q, "q"}, {&k, "k"}, {&q_weight, "q_weight"}, {&k_weight, "k_weight"}, {&cos, "cos"}, {&sin, "sin"}},
-                 "q");
-  check_no_overlap(op, k_out, "k_out", q_out, "q_out");
-}
-
-// kSource: tables (set_cos_sin = from_tables) or LTX's coordinates (set_cos_sin sets p.coords).
-template <QkNormRopeForm kForm, CosSinSource kSource, typename SetCosSin>
-void run_qk_norm_rope(const char* op, at::Tensor& q_out, at::Tensor& k_out, const at::Tensor& q, const at::Tensor& k,
-                      const at::Tensor& q_weight, const at::Tensor& k_weight, double eps, SetCosSin&& set_cos_sin) {
-  const at::cuda::OptionalCUDAGuard device_guard(launch_device(q));
-  dispatch_float_dtype(q.scalar_type(), "q", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    auto go = [&](auto weight_tag, auto table_tag) {
-      using W = typename decltype(weight_tag)::type;
-      using Table = typename decltype(table_tag)::type;
-      QkNormRopeParams<T, W, Table> p{};
-      p.qk = qk_rows<T>(q_out, q, k_out, k);
-      p.q_weight = static_cast<const W*>(q_weight.const_data_ptr());
-      p.k_weight = static_cast<const W*>(k_weight.const_data_ptr());
-      set_cos_sin(p);
-      p.width = static_cast<int>(q.size(3));
-      p.eps = static_cast<float>(eps);
-      // Interleaved pairs need whole pairs even on the narrow path; the half rotation any alignment.
-      const bool narrow_ok = qk_norm_rope_aligned<kForm, kSource, qk_norm_rope_detail::min_vec(kForm)>(p);
-      TORCH_CHECK_VALUE(p.qk.num_rows() == 0 || narrow_ok, op, ": ",
-                        kSource == CosSinSource::kTables ? "q, k, cos, sin and the weights" : "q, k and the weights",
-                        " must start at even element offsets with even strides (whole pairs), got q strides ",
-                        q.strides(), " and k strides ", k.strides());
-      const bool vectorized = qk_norm_rope_aligned<kForm, kSource, vec_size<T>()>(p);
-      const int64_t max_width = qk_norm_rope_max_width<kForm, T>(vectorized);
-      TORCH_CHECK_VALUE(q.size(3) <= max_width, op, ": rows of more than ", max_width,
-                        " elements are not supported here (the whole row is kept in registers; 16-byte aligned "
-                        "rows allow more), got width ", q.size(3));
-      if (validation_only(q)) return;
-      const cudaError_t err =
-          QkNormRope<kForm, kSource>(p, at::cuda::getCurrentCUDAStream());
-      TORCH_CHECK(err == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(err));
-    };
-    if constexpr (kForm == QkNormRopeForm::kTransformers) {
-      go(tag, tag);  // weights and tables in the model dtype (checked)
-    } else if (q_weight.scalar_type() == at::kFloat) {
-      go(type_tag<float>{}, type_tag<float>{});
-    } else {
-      go(tag, type_tag<float>{});
-    }
-  });
-}
-
-// LTX's q, k [B, S, C] (before the head split) with coordinates grid [B or 1, S, 3] float32 (any
-// strides) and freqs [C // 6] float32 contiguous; C even. Returns q, k as the kernels' [B, S, 1, C].
-std::pair<at::Tensor, at::Tensor> check_ltx_coords(const char* op, const at::Tensor& q, const at::Tensor& k,
-                                                   const at::Tensor& grid, const at::Tensor& freqs) {
-  check_cuda(op, q, "q");
-  check_float_dtype(op, q, "q");
-  TORCH_CHECK_VALUE(q.dim() == 3, op, ": q must be 3-D [B, S, C] (LTX's projection before the head split), got shape ",
-                    q.sizes());
-  check_same_device(op, k, "k", q, "q");
-  check_same_shape(op, k, "k", q, "q");
-  at::Tensor q4 = q.unsqueeze(2), k4 = k.unsqueeze(2);
-  check_qk(op, q4, k4);
-  const int64_t width = q.size(2);
-  TORCH_CHECK_VALUE(width % 2 == 0, op, ": the rotated width (q.shape[-1] = ", width,
-                    ") must be even: RoPE rotates pairs");
-  check_same_device(op, grid, "grid", q, "q");
-  check_dtype(op, grid, "grid", at::kFloat, "diffusers computes the rotary coordinates in float32");
-  TORCH_CHECK_VALUE(grid.dim() == 3 && (grid.size(0) == 1 || grid.size(0) == q.size(0)) && grid.size(1) == q.size(1) &&
-                        grid.size(2) == 3,
-                    op, ": grid must be [B or 1, S, 3] (frame, height, width) with q's B = ", q.size(0),
-                    " and S = ", q.size(1), ", got ", grid.sizes());
-  check_same_device(op, freqs, "freqs", q, "q");
-  check_dtype(op, freqs, "freqs", at::kFloat, "diffusers computes the rotary frequencies in float32");
-  TORCH_CHECK_VALUE(freqs.dim() == 1 && freqs.size(0) == width / 6 && freqs.is_contiguous(), op,
-                    ": freqs must be a contiguous [C // 6] = [", width / 6, "] (C = q.shape[-1] = ", width,
-                    "), got shape ", freqs.sizes(), " and strides ", freqs.strides());
-  return {q4, k4};
-}
-
-// The functional table forms: new [B, S, H, d] outputs.
-template <QkNormRopeForm kForm>
-std::tuple<at::Tensor, at::Tensor> qk_norm_rope_from_tables(const char* op, const at::Tensor& q, const at::Tensor& k,
-                                                            const at::Tensor& q_weight, const at::Tensor& k_weight,
-                                                            double eps, const at::Tensor& cos, const at::Tensor& sin) {
-  check_qk_norm_rope(op, kForm, q, k, q_weight, k_weight, eps, cos, sin);
-  at::Tensor q_out = empty_tensor(q.sizes(), q.options());
-  at::Tensor k_out = empty_tensor(k.sizes(), k.options());
-  run_qk_norm_rope<kForm, CosSinSource::kTables>(op, q_out, k_out, q, k, q_weight, k_weight, eps,
-                                                 from_tables(cos, sin));
-  return {q_out, k_out};
-}
-
-}  // namespace
-
-std::tuple<at::Tensor, at::Tensor> qk_norm_rope(const at::Tensor& q, const at::Tensor& k, const at::Tensor& q_weight,
-                                                const at::Tensor& k_weight, double eps, const at::Tensor& cos,
-                                                const at::Tensor& sin) {
-  return qk_norm_rope_from_tables<QkNormRopeForm::kDiffusers>(kNormRopeOp, q, k, q_weight, k_weight, eps, cos, sin);
-}
-
-std::tuple<at::Tensor, at::Tensor> hf_qk_norm_rope(const at::Tensor& q, const at::Tensor& k,
-                                                   const at::Tensor& q_weight, const at::Tensor& k_weight, double eps,
-                                                   const at::Tensor& cos, const at::Tensor& sin) {
-  return qk_norm_rope_from_tables<QkNormRopeForm::kTransformers>(kHfNormRopeOp, q, k, q_weight, k_weight, eps, cos,
-                                                                 sin);
-}
-
-void hf_qk_norm_rope_out(at::Tensor& q_out, at::Tensor& k_out, const at::Tensor& q, const at::Tensor& k,
-                         const at::Tensor& q_weight, const at::Tensor& k_weight, double eps, const at::Tensor& cos,
-                         const at::Tensor& sin) {
-  check_qk_norm_rope(kHfNormRopeOp, QkNormRopeForm::kTransformers, q, k, q_weight, k_weight, eps, cos, sin);
-  check_qk_outputs(kHfNormRopeOp, q_out, k_out, q, k, q_weight, k_weight, cos, sin);
-  run_qk_norm_rope<QkNormRopeForm::kTransformers, CosSinSource::kTables>(kHfNormRopeOp, q_out, k_out, q, k, q_weight,
-                                                                         k_weight, eps, from_tables(cos, sin));
-}
-
-namespace {
 // The coordinate rotation of q, k [B, S, C] into new tensors, or its backward (kInverse: q and k
 // holding the outputs' gradients).
 template <bool kInverse>
@@ -496,22 +263,6 @@ std::tuple<at::Tensor, at::Tensor> run_ltx_rope_from_coords(const char* op, cons
 std::tuple<at::Tensor, at::Tensor> ltx_rope_from_coords(const at::Tensor& q, const at::Tensor& k,
                                                         const at::Tensor& grid, const at::Tensor& freqs) {
   return run_ltx_rope_from_coords<false>(kLtxCoordsOp, q, k, grid, freqs);
-}
-
-std::tuple<at::Tensor, at::Tensor> ltx_qk_norm_rope_from_coords(const at::Tensor& q, const at::Tensor& k,
-                                                                const at::Tensor& q_weight,
-                                                                const at::Tensor& k_weight, double eps,
-                                                                const at::Tensor& grid, const at::Tensor& freqs) {
-  at::Tensor q4, k4;  // [B, S, 1, C] views
-  std::tie(q4, k4) = check_ltx_coords(kLtxCoordsNormRopeOp, q, k, grid, freqs);
-  check_qk_norm(kLtxCoordsNormRopeOp, QkNormRopeForm::kDiffusers, q4, k4, q_weight, k_weight, eps);
-  at::Tensor q_out = empty_tensor(q.sizes(), q.options());
-  at::Tensor k_out = empty_tensor(k.sizes(), k.options());
-  at::Tensor q_out4 = q_out.unsqueeze(2), k_out4 = k_out.unsqueeze(2);
-  const LtxCoords coords = ltx_coords(grid, freqs, q.size(2));
-  run_qk_norm_rope<QkNormRopeForm::kDiffusers, CosSinSource::kLtxCoords>(
-      kLtxCoordsNormRopeOp, q_out4, k_out4, q4, k4, q_weight, k_weight, eps, [&coords](auto& p) { p.coords = coords; });
-  return {q_out, k_out};
 }
 
 // ---- backward of the out-of-place rotations (the rotation's transpose: rope.cuh's kInverse) ----
@@ -555,8 +306,7 @@ std::tuple<at::Tensor, at::Tensor> ltx_rope_from_coords_backward(const at::Tenso
 // The entry points defined above are the ones ops.h declares: a definition with another signature
 // would be a second overload, and taking its address here ambiguous (a compile error, not a failure
 // to load the extension).
-[[maybe_unused]] constexpr auto kDeclaredEntryPoints = std::make_tuple(&rope, &rope_, &hf_rope, &hf_rope_,
-    &qk_norm_rope, &hf_qk_norm_rope, &hf_qk_norm_rope_out, &rope_cached_, &ltx_rope_from_coords,
-    &ltx_qk_norm_rope_from_coords, &rope_backward, &ltx_rope_from_coords_backward);
+[[maybe_unused]] constexpr auto kDeclaredEntryPoints = std::make_tuple(&rope, &rope_, &hf_rope, &hf_rope_, &rope_cached_,
+    &ltx_rope_from_coords, &rope_backward, &ltx_rope_from_coords_backward);
 
 }  // namespace transformer_kernels

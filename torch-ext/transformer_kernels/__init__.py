@@ -34,16 +34,18 @@ from .norm import (
     norm_modulate,
     rms_norm,
 )
+from .qk_norm_rope import (
+    hf_qk_norm_rope,
+    ltx_qk_norm_rope,
+    ltx_qk_norm_rope_from_coords,
+    qk_norm_rope,
+)
 from .rope import (
     apply_rotary_pos_emb,
     apply_rotary_pos_emb_,
     flux_rope,
-    hf_qk_norm_rope,
-    ltx_qk_norm_rope,
-    ltx_qk_norm_rope_from_coords,
     ltx_rope,
     ltx_rope_from_coords,
-    qk_norm_rope,
     rotary_embedding,
 )
 

@@ -27,7 +27,7 @@
 
 #include "activation/activation.cuh"
 #include "norm/norm.cuh"
-#include "rope/qk_norm_rope.cuh"
+#include "qk_norm_rope/qk_norm_rope.cuh"
 #include "rope/rope.cuh"
 
 using namespace transformer_kernels;

@@ -13,16 +13,15 @@
 #include "common/alloc.h"
 #include "common/checks.h"
 #include "common/dispatch.h"
-#include "rope/ops.h"
-#include "rope/qk_norm_rope_backward.cuh"
+#include "qk_norm_rope/ops.h"
+#include "qk_norm_rope/qk_norm_rope_backward.cuh"
+#include "rope/rope_binding.h"
 #include "rope/rope_sources.h"
 
 namespace transformer_kernels {
 namespace {
 
 using QkGrads = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
-
-HeadStrides strides_of(const at::Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
 
 // t as the kernels' [B, S, H, d] (LTX's [B, S, C] as [B, S, 1, C]).
 at::Tensor as_heads(const at::Tensor& t) { return t.dim() == 3 ? t.unsqueeze(2) : t; }
@@ -85,25 +84,12 @@ void check_backward_tables(const char* op, const at::Tensor& cos, const at::Tens
                     cos.strides(), " and ", sin.strides());
 }
 
-// grid [B or 1, S, 3] float32 (any strides), freqs [C // 6] float32 contiguous.
-void check_backward_coords(const char* op, const at::Tensor& grid, const at::Tensor& freqs, const at::Tensor& q) {
-  check_same_device(op, grid, "grid", q, "q");
-  check_dtype(op, grid, "grid", at::kFloat, "diffusers computes the rotary coordinates in float32");
-  TORCH_CHECK_VALUE(grid.dim() == 3 && (grid.size(0) == 1 || grid.size(0) == q.size(0)) && grid.size(1) == q.size(1) &&
-                        grid.size(2) == 3,
-                    op, ": grid must be [B or 1, S, 3] with q's B = ", q.size(0), " and S = ", q.size(1), ", got ",
-                    grid.sizes());
-  check_same_device(op, freqs, "freqs", q, "q");
-  check_dtype(op, freqs, "freqs", at::kFloat, "diffusers computes the rotary frequencies in float32");
-  TORCH_CHECK_VALUE(freqs.dim() == 1 && freqs.size(0) == q.size(-1) / 6 && freqs.is_contiguous(), op,
-                    ": freqs must be a contiguous [C // 6] = [", q.size(-1) / 6, "], got shape ", freqs.sizes());
-}
-
 template <typename T>
 QkRows<T> backward_rows(T* q_out, const at::Tensor& q_out_t, const at::Tensor& q, T* k_out, const at::Tensor& k_out_t,
                         const at::Tensor& k) {
-  return QkRows<T>{q_out, strides_of(q_out_t), static_cast<const T*>(q.const_data_ptr()), strides_of(q),
-                   k_out, strides_of(k_out_t), static_cast<const T*>(k.const_data_ptr()), strides_of(k),
+  using rope_binding::head_strides;
+  return QkRows<T>{q_out, head_strides(q_out_t), static_cast<const T*>(q.const_data_ptr()), head_strides(q),
+                   k_out, head_strides(k_out_t), static_cast<const T*>(k.const_data_ptr()), head_strides(k),
                    q.size(0), q.size(1), static_cast<int>(q.size(2)), static_cast<int>(k.size(2))}
       .with_fast_divisors();
 }
@@ -203,7 +189,7 @@ QkGrads ltx_qk_norm_rope_from_coords_backward(const at::Tensor& grad_q_out, cons
                                               const at::Tensor& freqs, std::array<bool, 4> output_mask) {
   constexpr const char* op = "ltx_qk_norm_rope_from_coords_backward";
   check_qk_backward(op, true, grad_q_out, grad_k_out, q, k, q_weight, k_weight, eps, false);
-  check_backward_coords(op, grid, freqs, q);
+  rope_binding::check_coords(op, grid, freqs, q);
   const LtxCoords coords = ltx_coords(grid, freqs, q.size(-1));
   return run_qk_backward<false, CosSinSource::kLtxCoords>(op, grad_q_out, grad_k_out, q, k, q_weight, k_weight, eps,
                                                           output_mask, [&coords](auto& p) { p.coords = coords; });

@@ -30,8 +30,8 @@
 #include "common/reduce.cuh"
 #include "common/schedule.cuh"
 #include "common/vec.cuh"
+#include "qk_norm_rope/qk_norm_rope_policy.cuh"
 #include "rope/rope.cuh"
-#include "rope/rope_policy.cuh"
 
 namespace transformer_kernels {
 
