@@ -16,7 +16,7 @@ def test_pyproject_is_a_pure_python_build():
     assert project["build-system"]["build-backend"] == "setuptools.build_meta"
     assert not any("torch" in r for r in project["build-system"]["requires"]), "nothing compiled against torch"
     assert project["project"]["name"] == "transformer-kernels-integrations"
-    assert project["tool"]["setuptools"]["packages"] == ["transformer_kernels_integrations"]
+    assert project["tool"]["setuptools"]["packages"]["find"]["include"] == ["transformer_kernels_integrations*"]
     assert not (ROOT / "pyproject.toml").exists(), "the root pyproject.toml is kernel-builder's (generated)"
 
 
@@ -49,6 +49,8 @@ def test_pip_install_and_import_from_another_directory(tmp_path):
         "import transformer_kernels_integrations as t\n"
         "from transformer_kernels_integrations import inject, uninject, injected\n"
         "from transformer_kernels_integrations import cuda_graphs, loading, merging\n"
+        "from transformer_kernels_integrations.diffusers_models import ltx, sd\n"
+        "from transformer_kernels_integrations.transformers_models import llama, qwen3\n"
         "assert t.__file__.startswith(%r), t.__file__\n"
         "assert loading.ROOT is None\n"
         "try:\n    loading.use_local_build()\nexcept ValueError as e:\n    print('asks:', e)\n"

@@ -8,19 +8,7 @@ import pytest
 import torch
 
 from conftest import ROOT
-
-ROW = re.compile(r"^\| `(\w+)` \| (\w+) \| (.*) \| (yes|no) \|$")
-
-
-def table() -> dict[str, tuple[str, str, bool]]:
-    rows = {}
-    for line in (ROOT / "docs" / "ops.md").read_text().splitlines():
-        m = ROW.match(line)
-        if m:
-            op, family, functions, backward = m.groups()
-            assert op not in rows, f"{op} listed twice"
-            rows[op] = (family, functions, backward == "yes")
-    return rows
+from ops_table import public_names, table
 
 
 def registrations() -> dict[str, str]:
@@ -34,13 +22,6 @@ def family_of(function: str) -> str:
         if re.search(rf"\b{function}\(", header.read_text()):
             return header.parent.name
     raise AssertionError(f"{function} is declared in no csrc/<family>/ops.h")
-
-
-def public_names(cell: str) -> list[str]:
-    """The function names of a table cell: `f` and `f(out=)`; none for (autograd of ...) / (the op alone ...)."""
-    if cell.startswith("("):
-        return []
-    return [name.removesuffix("(out=)") for name in re.findall(r"`([\w.]+(?:\(out=\))?)`", cell)]
 
 
 def test_every_op_is_listed_once_in_its_family():
@@ -78,7 +59,7 @@ def test_the_recipe_names_what_exists():
                         for p in ROOT.glob(pattern))
     identifiers = {"ElementwiseParams", "ElementwisePolicy", "ActivationBackward", "kDeclaredEntryPoints",
                    "validation_only", "launch_device", "empty_tensor", "register_fake", "register_backward",
-                   "refuse_grad", "refuse_the_rest", "dispatch", "has_backward", "RULE_OPS", "KIND_OPS",
+                   "refuse_grad", "refuse_the_rest", "dispatch", "has_backward", "training_ops", "assert_every_kind_ran",
                    "activation_float64", "eager_act_mul", "with_poisoned_outputs", "assert_all_written",
                    "assert_within", "assert_matches_eager", "_patch_mlp", "_mlp_skip", "kernel_entry_for",
                    "RowIndexer", "vec_t", "GroupNorm", "LinearGelu", "Rope", "LaunchElementwise", "LaunchNorm",
@@ -102,3 +83,17 @@ def test_catalog_families_are_the_ops_families():
     rows = table()
     wrong = {name: (family, rows[op][0]) for name, (family, op, _) in oc.ENTRIES.items() if rows[op][0] != family}
     assert not wrong, f"catalog entries in another family than their op's: {wrong}"
+
+
+def test_integration_rules_name_registered_ops():
+    """Every integration rule declares the ops it runs (``Rule.ops``) and those it needs a backward
+    of, by the names of this table: the rule tables and the ops share one vocabulary."""
+    pytest.importorskip("transformer_kernels_integrations")
+    from transformer_kernels_integrations import diffusers_models, transformers_models
+
+    rows = table()
+    for table_ in (transformers_models.TABLE, diffusers_models.TABLE):
+        for rule in table_.all_rules:
+            assert rule.ops is not None, f"rule {rule.kind} declares no ops"
+            unknown = sorted((set(rule.ops) | set(rule.needs_backward)) - set(rows))
+            assert not unknown, f"rule {rule.kind} names ops that are not registered: {unknown}"

@@ -54,7 +54,7 @@ def test_training_report_takes_only_ops_with_a_backward(tk):
     inference = transformers_models.inject(small_llama().eval(), tk)
     assert "causal_lm_loss" not in inference.replaced
     report = transformers_models.inject(small_llama(), tk)
-    assert all(tk.has_backward(op) for ops in transformers_models.RULE_OPS.values() for op in ops)
+    assert all(tk.has_backward(op) for rule in transformers_models.TABLE.all_rules for op in rule.needs_backward)
     assert report.replaced == {**inference.replaced, "causal_lm_loss": 1} and not report.left, report
     no_norm_backward = stand_in(tk, has_backward=lambda op: tk.has_backward(op) and "rms_norm" not in op)
     report = transformers_models.inject(small_llama(), no_norm_backward)
@@ -219,9 +219,9 @@ def test_diffusers_training_report_and_gradients_on_cpu(tk):
     target = torch.randn(2, 72, 8, generator=torch.Generator().manual_seed(4))
     torch.nn.functional.mse_loss(eager(**inputs)[0], target).backward()
     report = diffusers_models.inject(ours, diffusers_stand_in(tk), linear_gelu=False)
-    for kind, ops in diffusers_models.RULE_OPS.items():
-        if kind in report.replaced:
-            assert all(tk.has_backward(op) for op in ops), kind
+    for rule in diffusers_models.RULES:
+        if rule.kind in report.replaced:
+            assert all(tk.has_backward(op) for op in rule.needs_backward), rule.kind
     assert {"gelu", "ltx_attention", "ltx_rope_coords", "ltx_block"} <= set(report.replaced), report
     for why in report.left.values():
         assert why.startswith("training: "), why

@@ -10,7 +10,10 @@
 ``inject`` dispatches by what it is given: a transformers model gets the transformers rules
 (``transformers_models``), anything else (a diffusers model, or each component of a diffusers
 pipeline) the diffusers rules (``diffusers_models``); a pipeline's transformers components (text
-encoders) get the transformers rules. The kernel loads through ``kernels`` (``loading.py``).
+encoders) get the transformers rules. Each of the two is a package with one module per model
+family, each rule beside the forwards it patches in; the machinery they share (rules, switches,
+patching and its undo, training gating, the report) is ``patching.py``. The kernel loads through
+``kernels`` (``loading.py``).
 
 Lives outside ``torch-ext/``: it may import anything; the Hub package may not import it.
 """
@@ -25,7 +28,7 @@ import torch
 
 from . import diffusers_models, transformers_models
 from .loading import REPO_ID, VERSION, load_kernel, use_local_build
-from .patching import InjectionReport, KernelFallbackError, apply_rules, check_switches, uninject_models
+from .patching import InjectionReport, KernelFallbackError, inject_models
 
 __all__ = ["InjectionReport", "KernelFallbackError", "REPO_ID", "SWITCHES", "VERSION", "inject", "injected",
            "load_kernel", "uninject", "use_local_build"]
@@ -54,24 +57,20 @@ def inject(model_or_pipe, tk: ModuleType | None = None, *, strict: bool = False,
     (default: whether any of the models is in training mode): only the rules whose ops have a
     backward, and a causal LM's loss through the fused linear cross-entropy
     (``fused_linear_cross_entropy``)."""
-    on = check_switches(switches, SWITCHES, "inject")
     if isinstance(model_or_pipe, torch.nn.Module):
         models = [("", model_or_pipe)]
     else:
         models = diffusers_models.components(model_or_pipe)
-    tk = tk or load_kernel()
-    if training is None:
-        training = any(m.training for _, m in models)
-    tables = [(name, m, (transformers_models if _is_transformers_model(m) else diffusers_models).rules_for(
-        tk, training, strict)) for name, m in models]
-    return apply_rules(tables, tk, switches=on, strict=strict, training=training)
+    tables = [(name, m, (transformers_models if _is_transformers_model(m) else diffusers_models).TABLE)
+              for name, m in models]
+    return inject_models(tables, tk, switches=switches, known_switches=SWITCHES, strict=strict, training=training)
 
 
 def uninject(model_or_pipe) -> int:
     """Restores everything ``inject`` patched (forwards, processors, the process-wide RoPE function
     once no injected model needs it; merged projections give each parameter storage of its own
     again, with its current values); returns how many changes were undone."""
-    return uninject_models([m for _, m in diffusers_models.components(model_or_pipe)])
+    return diffusers_models.uninject(model_or_pipe)
 
 
 @contextlib.contextmanager

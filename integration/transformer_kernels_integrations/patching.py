@@ -29,7 +29,7 @@ in their forwards; the diffusers rules through ``Rule.kernel_devices``: ``Inject
 wraps their forwards and ``set_processor`` tells our attention processors which one they replace.
 
 Training (``inject`` on a model in training mode, or ``training=True``): ``for_training`` keeps a
-rule only where every op it runs (the integration's ``RULE_OPS``) has a backward (``tk.has_backward``),
+rule only where every op it needs under grad (``Rule.needs_backward``) has a backward (``tk.has_backward``),
 and skips the others with the reason; the merged-projection rules stay (their GEMM runs where no
 gradient is wanted, the separate projections under grad: a fallback), except under ``strict=True``,
 where they skip so that the separate projections' rules take the modules and a training step does
@@ -109,6 +109,41 @@ class Rule:
     # set: the devices our kernels take, read at call time (a test may widen them); the patched
     # forwards and processors run the library's own code for tensors on other devices
     kernel_devices: Callable[[], tuple[str, ...]] | None = None
+    # the C++ ops (docs/ops.md's names) its patched path runs with every switch on; None: not
+    # declared, so training skips the rule (no backward assumed)
+    ops: tuple[str, ...] | None = None
+    # the ops it needs a backward of in training (None: ``ops``); a rule whose training path differs
+    # (q/k norms that run the module's own code without a backward, merges that run the separate
+    # projections under grad) says so here
+    training_ops: tuple[str, ...] | None = None
+    merges: tuple[str, ...] = ()                         # keys of the projections it merges (merging.py)
+
+    @property
+    def needs_backward(self) -> tuple[str, ...] | None:
+        """The ops that must have a backward for ``for_training`` to keep the rule (None: undeclared)."""
+        return self.ops if self.training_ops is None else self.training_ops
+
+
+@dataclass(frozen=True)
+class RuleTable:
+    """One library's rules, in the order they are tried, and the rules applied in training only
+    (tried first). The switches ``inject`` takes for it and what training keeps derive from it."""
+
+    rules: tuple[Rule, ...]
+    training_rules: tuple[Rule, ...] = ()
+
+    @property
+    def all_rules(self) -> tuple[Rule, ...]:
+        return self.training_rules + self.rules
+
+    @property
+    def switches(self) -> tuple[str, ...]:
+        return switches_of(self.all_rules)
+
+    def rules_for(self, tk: ModuleType, training: bool, strict: bool = False) -> tuple[Rule, ...]:
+        """The rules ``inject`` applies: ``rules``, or in training ``for_training``'s gating of
+        ``training_rules + rules``."""
+        return for_training(self.all_rules, tk, strict=strict) if training else self.rules
 
 
 def first_tensor_device(args: tuple, kwargs: dict) -> torch.device | None:
@@ -376,28 +411,45 @@ def uninject_models(models: Iterable[torch.nn.Module]) -> int:
     return undone
 
 
-def for_training(rules: Iterable[Rule], ops_of: dict[str, tuple[str, ...]], tk: ModuleType, *,
-                 strict: bool = False) -> tuple[Rule, ...]:
-    """The rules as training mode applies them: a rule whose ops (``ops_of[rule.kind]``) do not all
-    have a backward in ``tk`` skips every module with that reason (the module keeps its own forward,
-    which autograd differentiates, or the next rule takes it), as does a rule missing from
-    ``ops_of``. Builds without ``has_backward`` have no backward at all. Under ``strict`` the rules
-    that merge projections skip too: a merged GEMM runs only where no gradient is wanted, so in
-    training it would fall back at every step and strict would raise; the separate projections'
-    rules take those modules instead."""
+def for_training(rules: Iterable[Rule], tk: ModuleType, *, strict: bool = False) -> tuple[Rule, ...]:
+    """The rules as training mode applies them: a rule whose ops (``Rule.needs_backward``) do not
+    all have a backward in ``tk``, or that declares none, skips every module with that reason (the
+    module keeps its own forward, which autograd differentiates, or the next rule takes it). Builds
+    without ``has_backward`` have no backward at all. Under ``strict`` the rules that merge
+    projections skip too: a merged GEMM runs only where no gradient is wanted, so in training it
+    would fall back at every step and strict would raise; the separate projections' rules take those
+    modules instead."""
     has_backward = getattr(tk, "has_backward", lambda name: False)
 
     def gated(rule: Rule) -> Rule:
-        if rule.kind not in ops_of:
+        if rule.needs_backward is None:
             why = "training: the ops of this rule are not declared (no backward assumed)"
         elif strict and "merge_projections" in rule.switches:
             why = ("training with strict=True: merged projections run only without gradients "
                    "(the separate projections' rule applies)")
         else:
-            missing = [op for op in ops_of[rule.kind] if not has_backward(op)]
+            missing = [op for op in rule.needs_backward if not has_backward(op)]
             if not missing:
                 return rule
             why = f"training: {', '.join(missing)} {'has' if len(missing) == 1 else 'have'} no backward yet"
         return replace(rule, skip=lambda m: why)
 
     return tuple(gated(rule) for rule in rules)
+
+
+def inject_models(models: Iterable[tuple[str, torch.nn.Module, RuleTable]], tk: ModuleType | None, *,
+                  switches: dict[str, bool], known_switches: Iterable[str], strict: bool = False,
+                  training: bool | None = None) -> InjectionReport:
+    """What every ``inject`` does: checks the switches against `known_switches`, loads the kernel
+    (`tk` None: ``loading.load_kernel()``), decides training (None: whether any model is in
+    training mode), and applies each (path prefix, model, table)'s rules for it."""
+    on = check_switches(switches, known_switches, "inject")
+    models = list(models)
+    if tk is None:
+        from .loading import load_kernel
+
+        tk = load_kernel()
+    if training is None:
+        training = any(m.training for _, m, _ in models)
+    return apply_rules([(prefix, m, table.rules_for(tk, training, strict)) for prefix, m, table in models], tk,
+                       switches=on, strict=strict, training=training)

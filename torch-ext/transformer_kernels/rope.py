@@ -13,7 +13,7 @@ calls ``rope_cached_``); each of those names its op in its docstring.
   cos/sin ``[B, S, H*d]``: interleaved pairs over the whole hidden, fp32 math, one rounding.
 - ``ltx_rope_from_coords``: the LTX-Video form with cos/sin computed in the kernel from the token
   coordinates and frequencies ``LTXVideoRotaryPosEmbed``
-  builds its tables from (``integration/transformer_kernels_integrations/diffusers_models.py: ltx_rope_coords`` computes them from the
+  builds its tables from (``integration/transformer_kernels_integrations/diffusers_models/ltx.py: ltx_rope_coords`` computes them from the
   module's arguments): the same bits, without reading the fp32 tables (twice the bytes of a bf16 q).
 - ``rotary_embedding``: vLLM's op of the same name and signature, in place: token positions index a
   ``cos_sin_cache`` ``[max_position, R]`` (R/2 cosines then R/2 sines per row), q ``[T, Hq*d]``,

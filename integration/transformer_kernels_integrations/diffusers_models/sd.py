@@ -20,8 +20,8 @@ Switches (``inject`` keywords, named in each rule): ``group_norm`` (``resnet_blo
 module's own math) where our kernel would not take the input: parameters of another dtype than the
 activations (autocast, a norm kept in fp32), or a time embedding that is not one value per (sample,
 channel) in the activations' dtype; that is a fallback (logged once and counted in the report, or
-``KernelFallbackError`` under ``strict=True``). In training (``for_training``) these rules need the
-ops of ``SD_RULE_OPS`` to have a backward.
+``KernelFallbackError`` under ``strict=True``). In training (``for_training``) these rules need their
+ops (``Rule.ops``) to have a backward.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from .patching import Rule, forward_from, layer_forward, named, switches_of
+from ..patching import Rule, forward_from, layer_forward, named
 
 
 def _params_match(norm: torch.nn.GroupNorm, x: torch.Tensor) -> bool:
@@ -171,23 +171,14 @@ def _geglu_skip(m: torch.nn.Module) -> str | None:
 _GROUP_NORM_FALLBACK = ("norm parameters of another dtype than the activations (autocast, a norm kept in fp32), or "
                         "a time embedding not one value per (sample, channel): F.group_norm + F.silu")
 
-SD_RULES: tuple[Rule, ...] = (
+RULES: tuple[Rule, ...] = (
     Rule("resnet_block", ("group_norm",), named("ResnetBlock2D"),
          lambda m, inj: inj.set_forward(m, _resnet_block_forward(inj)), claims=("norm1", "norm2"),
-         skip=_resnet_block_skip, fallback=_GROUP_NORM_FALLBACK),
+         skip=_resnet_block_skip, fallback=_GROUP_NORM_FALLBACK, ops=("group_norm", "add_group_norm")),
     Rule("norm_out_silu", ("group_norm",), named(*_NORM_OUT_MODULES), _norm_out_silu_patch,
-         claims=("conv_norm_out", "conv_act"), skip=_norm_out_silu_skip, fallback=_GROUP_NORM_FALLBACK),
-    Rule("geglu", ("geglu",), named("GEGLU"), forward_from(_geglu_forward), skip=_geglu_skip),
+         claims=("conv_norm_out", "conv_act"), skip=_norm_out_silu_skip, fallback=_GROUP_NORM_FALLBACK,
+         ops=("group_norm",)),
+    Rule("geglu", ("geglu",), named("GEGLU"), forward_from(_geglu_forward), skip=_geglu_skip, ops=("act_and_mul",)),
     Rule("group_norm", ("group_norm",), named("GroupNorm"), layer_forward("GroupNorm"),
-         skip=lambda m: None if _is_group_norm(m) else "not torch.nn.GroupNorm"),
+         skip=lambda m: None if _is_group_norm(m) else "not torch.nn.GroupNorm", ops=("group_norm",)),
 )
-
-SD_SWITCHES = switches_of(SD_RULES)
-
-# The ops each rule runs under grad (the C++ ops' names), for training (patching.for_training).
-SD_RULE_OPS: dict[str, tuple[str, ...]] = {
-    "resnet_block": ("group_norm", "add_group_norm"),
-    "norm_out_silu": ("group_norm",),
-    "geglu": ("act_and_mul",),
-    "group_norm": ("group_norm",),
-}

@@ -1,0 +1,99 @@
+"""Swap transformer-kernels into transformers' Llama-family models: ``report = inject(model)``.
+
+A table of rules (``TABLE``, ``patching.RuleTable``) matched by class name, so Llama, Mistral, Qwen2
+and Qwen3 share it; each model's rules sit beside the forwards they patch in:
+
+- ``llama.py``: the decoder layer, the attention's merged q/k/v and rotation, the gated MLP and the
+  RMSNorms (Llama, Mistral, Qwen2, and Qwen3's non-attention modules);
+- ``qwen3.py``: Qwen3's attention with its per-head q/k norms (tried before Llama's attention rules);
+- ``attention.py``: the attention forward both use;
+- ``causal_lm.py``: the fused linear cross-entropy loss, in training;
+- ``hub.py``: the Hub path (``kernel_mapping``, ``kernel_config``).
+
+Each rule names the switches it needs (``inject(model, rms_norm=..., rope=..., swiglu=...,
+fused_add_rms_norm=..., qk_norm_rope=..., merge_projections=..., fused_linear_cross_entropy=...)``, all
+on by default; the names follow Liger's ``apply_liger_kernel_to_*`` keywords), and the ops it runs
+(``Rule.ops``, the names of ``docs/ops.md``).
+
+Every patched forward checks the device: tensors off the GPU (``KERNEL_DEVICES``) run transformers'
+own code (a logged fallback of that rule's kind), so a model on the CPU never reaches a kernel.
+
+Merged projections (``merge_projections=True``, the default) keep one weight per merge: the
+original parameters become views of it (no memory growth; ``state_dict`` keys unchanged); they are
+used where no gradient is needed (inference, ``generate``), the separate projections elsewhere (a
+logged fallback: ``strict=True`` raises there, so a model injected for inference and then trained
+under ``strict`` needs ``merge_projections=False``; see Training below). ``uninject`` gives each
+parameter, the same object, storage of its own again with its current values (``merging.detach``).
+
+Training (``inject(model)`` on a model in training mode, or ``training=True``): only the rules whose
+ops all have a backward (``tk.has_backward``, ``Rule.needs_backward``) are applied, the others are
+skipped with the reason, and a ``*ForCausalLM`` called with ``labels`` computes its loss with the
+fused linear cross-entropy (``causal_lm.py``). The merged rules stay in training (the separate
+projections run under grad, a logged fallback) except under ``strict=True``, where they skip and the
+unmerged rules take those modules, so a strict training step does not raise.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import torch
+
+# Devices whose tensors go to the kernels; elsewhere (CPU) transformers' own code runs. Tests widen
+# it to run reference stand-ins for the kernels through the patched forwards on CPU. Defined before
+# the rule modules are imported: their forwards read it at call time through kernel_devices().
+KERNEL_DEVICES = ("cuda",)
+
+
+def kernel_devices() -> tuple[str, ...]:
+    return KERNEL_DEVICES
+
+
+def on_kernel_device(t: torch.Tensor) -> bool:
+    return t.device.type in KERNEL_DEVICES
+
+
+from ..patching import InjectionReport, Rule, RuleTable, inject_models, uninject_models  # noqa: E402
+from . import causal_lm, llama, qwen3  # noqa: E402
+from .hub import HUB_LAYERS, LLAMA_HUB_LAYERS, kernel_config, kernel_mapping  # noqa: E402
+from .qwen3 import QWEN3_ATTENTIONS  # noqa: E402
+
+__all__ = ["HUB_LAYERS", "KERNEL_DEVICES", "LLAMA_HUB_LAYERS", "QWEN3_ATTENTIONS", "RULES", "SWITCHES", "TABLE",
+           "TRAINING_RULES", "inject", "kernel_config", "kernel_mapping", "rules_for", "uninject"]
+
+RULES: tuple[Rule, ...] = (llama.DECODER_LAYER, *qwen3.RULES, *llama.ATTENTION_RULES, *llama.MLP_RULES,
+                           llama.RMS_NORM)
+TRAINING_RULES: tuple[Rule, ...] = causal_lm.TRAINING_RULES
+TABLE = RuleTable(RULES, TRAINING_RULES)
+SWITCHES = TABLE.switches
+
+
+def rules_for(tk: ModuleType, training: bool, strict: bool = False) -> tuple[Rule, ...]:
+    """The rules ``inject`` applies (``RuleTable.rules_for``)."""
+    return TABLE.rules_for(tk, training, strict)
+
+
+def inject(model: torch.nn.Module, tk: ModuleType | None = None, *, strict: bool = False,
+           training: bool | None = None, **switches: bool) -> InjectionReport:
+    """Patches a transformers model in place; returns what was replaced, what was skipped (why),
+    and which patched paths can fall back at run time.
+
+    Switches (keywords, all on by default; ``False`` leaves that op kind to transformers):
+    {switches}. ``strict=True`` makes a run-time fallback raise ``KernelFallbackError`` instead of
+    logging it once. ``training`` (default: ``model.training``): only the rules whose ops have a
+    backward, and the fused linear cross-entropy for the causal LM's loss (``training`` in the
+    report; see the module docstring). `tk`: the kernel module (default: ``load_kernel()``). Undo
+    with ``uninject``."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"inject: expected a transformers model (torch.nn.Module), got {type(model).__name__}")
+    return inject_models([("", model, TABLE)], tk, switches=switches, known_switches=SWITCHES, strict=strict,
+                         training=training)
+
+
+inject.__doc__ = inject.__doc__.format(switches=", ".join(f"``{s}``" for s in SWITCHES))
+
+
+def uninject(model: torch.nn.Module) -> int:
+    """Restores every forward and function ``inject`` patched in `model`; returns how many changes
+    were undone (0 for a model that was not injected)."""
+    return uninject_models([model])
