@@ -2,7 +2,7 @@
 
 Two kinds, as the rest of reference/: the float64 forwards whose torch autograd is the ground
 truth of every backward (``*_float64``), and the closed forms the CUDA kernels compute
-(``*_backward_float64``), checked against that autograd on CPU (tests/test_norm_backward.py):
+(``*_backward_float64``), checked against that autograd on CPU (tests/norm/test_norm_backward.py):
 the recomputed statistics, the transposed rotation, the broadcast reductions.
 """
 

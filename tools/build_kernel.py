@@ -327,7 +327,7 @@ def build(archs_spec: str = "all", jobs: int | None = None, root: Path = ROOT, v
     # GPU machine $CXX and PATH name /opt/gcc, whose library directories (which CMake takes from
     # the CUDA compiler's host toolchain) hold only a static libstdc++. Linked in, that private
     # copy of the C++ runtime has an uninitialized locale and the first error message that formats
-    # a number crashes the process. tests/test_build.py checks the .so for such a copy.
+    # a number crashes the process. tests/package/test_build.py checks the .so for such a copy.
     cxx = os.environ.get("TK_CXX") or shutil.which("g++", path="/usr/bin") or shutil.which("g++")
     if cxx is None:
         raise SystemExit("no g++ found; install the system C++ compiler or set TK_CXX")

@@ -1,5 +1,5 @@
 """Which op first makes a NaN/Inf out of finite inputs in a training step (forward and backward):
-the tiny Flux LoRA step of tests/test_training_models.py (its H200 run gave a NaN adapter gradient
+the tiny Flux LoRA step of tests/integration/test_training_models.py (its H200 run gave a NaN adapter gradient
 through our ops and a finite one through eager), with the allocator poisoned as the suite does
 and without.
 

@@ -10,7 +10,7 @@
 #   PROBE_S=30 (default) times the host cost of a decode-sized call (benchmarks/probe_call_overhead.py)
 #   NCU_S=90 adds Nsight Compute counters of our kernels (workshop/gpu_ncu.sh -> ncu.csv)
 #   MICRO_READ_S=120 adds the micro-benchmarks with L2 flushed by a read (bench_micro --flush read)
-#   PYTEST_ARGS="tests/test_rope.py" runs part of the suite (a short confirming run)
+#   PYTEST_ARGS="tests/rope/test_rope.py" runs part of the suite (a short confirming run)
 #   LAB_VARIANTS="norm_fused_vecs_2,act_vecs_2" LAB_CASES="norm gelu" ...   the kernel lab's policy variants
 #     side by side (workshop/lab/kernel_lab.cu, one binary; LAB_VARIANTS=all for every one), after the build
 set -uo pipefail

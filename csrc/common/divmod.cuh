@@ -5,7 +5,7 @@
 // The magic number is Granlund & Montgomery's (PLDI 1994), in the form PyTorch's IntDivider uses:
 //   shift = ceil(log2(d)),  m = floor(2^32 * (2^shift - d) / d) + 1,
 //   n / d = (umulhi(n, m) + n) >> shift,
-// exact for 0 <= n < 2^31 and 1 <= d < 2^31 (the sum stays within 32 bits). tests/test_divmod.py
+// exact for 0 <= n < 2^31 and 1 <= d < 2^31 (the sum stays within 32 bits). tests/common/test_divmod.py
 // checks it on the host against the / operator.
 #pragma once
 

@@ -23,7 +23,7 @@ Two ways, for models injected with our kernels or not:
   ``CompileConfig`` (``mode="reduce-overhead"``, ``fullgraph=True``) for
   ``model.generate(..., cache_implementation="static", compile_config=...)``: transformers compiles
   the decode step and CUDA-graph trees record it once (our ops are opaque custom ops with fake
-  impls, CUDA-graph safe: tests/test_cuda_graphs.py).
+  impls, CUDA-graph safe: tests/reliability/test_cuda_graphs.py).
 
 What the capture needs from the model: a static cache without sliding-window layers (their
 position counter is a Python int, baked into a graph), no host synchronization in its forward

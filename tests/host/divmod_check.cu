@@ -1,7 +1,7 @@
 // Host-side check of common/divmod.cuh and RowIndexer's fast path (common/rows.cuh): FastDivmod
 // against the / and % operators, and RowIndexer::offset through its 32-bit dividers against the
 // same indexer's 64-bit division. Built and run by
-// tests/test_divmod.py; needs no GPU. Prints "ok" or the first mismatch, exits non-zero on one.
+// tests/common/test_divmod.py; needs no GPU. Prints "ok" or the first mismatch, exits non-zero on one.
 #include <cstdint>
 #include <cstdio>
 #include <random>

@@ -1,7 +1,7 @@
 // Host-side check of the norm launchers' path choice (norm/norm.cuh, norm/norm_backward.cuh): the
 // 16-byte path is taken for rows the vector divides only, and whether a contiguous batch takes it
 // depends on its width and dtype, not on how many rows it has (one row, whose tensor has no row
-// stride, included). Built and run by tests/test_norm_plan.py; needs no GPU (no kernel is launched
+// stride, included). Built and run by tests/norm/test_norm_plan.py; needs no GPU (no kernel is launched
 // or instantiated). Prints "ok" or the first violation, exits non-zero on one.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

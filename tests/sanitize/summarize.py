@@ -6,7 +6,7 @@ it was reported in: ours (the ``transformer_kernels`` namespace) or a library's 
 
 Writes OUT_DIR/summary.md and summary.json; exits 0 only if no tool found an error in our kernels,
 every error was attributed to a kernel, the driver had no failures and every tool finished. The
-parsing is tested on the CPU (tests/test_sanitize_summary.py) and, on the GPU, against a planted
+parsing is tested on the CPU (tests/reliability/test_sanitize_summary.py) and, on the GPU, against a planted
 out-of-bounds write in a kernel of our namespace (tests/sanitize/planted.cu, sanitize.sh's
 self-check)."""
 

@@ -15,7 +15,7 @@ vector (8 fp16/bf16 or 4 fp32 elements) divides the width and every operand's po
 stride are 16-byte aligned, sums in another order than the element-by-element path that takes
 every other row, so a row's bits depend on its tensor's alignment (a batch of one row has no row
 stride: one row of a padded view takes the 16-byte path where more rows of it do not)
-(tests/test_reliability_determinism.py).
+(tests/reliability/test_reliability_determinism.py).
 
 Training: the functional forms have a backward (CUDA kernels; the backward recomputes the row
 statistics of x, so the forward is the inference kernel), under eager and

@@ -140,7 +140,7 @@ def ltx_rope_coords(rope: torch.nn.Module, hidden_states: torch.Tensor, num_fram
     """``LTXVideoRotaryPosEmbed.forward`` up to (not including) its angles: the same arguments, and
     the same float32 ops on the same device (the grid through the module's own
     ``_prepare_video_coords``), so the kernels' cos/sin equal the module's tables bit for bit
-    (tests/test_rope.py checks that on the GPU). ``inject`` makes it the rope module's forward when
+    (tests/rope/test_rope.py checks that on the GPU). ``inject`` makes it the rope module's forward when
     every attention of the model takes our processor (``_ltx_rope_coords_patch``)."""
     if video_coords is None:
         grid = rope._prepare_video_coords(hidden_states.size(0), num_frames, height, width,

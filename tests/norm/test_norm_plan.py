@@ -1,6 +1,6 @@
 """The norm launchers' path choice on the host (no GPU): the 16-byte path for rows the vector
 divides only, the same path for a contiguous batch of one row as for more (a row's summation order,
-so its bits, must not depend on its batch; tests/test_reliability_determinism.py checks the bits on
+so its bits, must not depend on its batch; tests/reliability/test_reliability_determinism.py checks the bits on
 the GPU). Compiles tests/host/norm_plan_check.cu with nvcc."""
 
 import shutil

@@ -54,7 +54,7 @@ def test_the_recipe_names_what_exists():
             continue
         assert (ROOT / path).exists(), f"the recipe names {path}, which does not exist"
     sources = "\n".join(p.read_text() for pattern in ("csrc/**/*.cu", "csrc/**/*.cuh", "csrc/**/*.h",
-                                                      "torch-ext/**/*.py", "torch-ext/*.cpp", "tests/*.py",
+                                                      "torch-ext/**/*.py", "torch-ext/*.cpp", "tests/**/*.py",
                                                       "integration/**/*.py", "benchmarks/*.py")
                         for p in ROOT.glob(pattern))
     identifiers = {"ElementwiseParams", "ElementwisePolicy", "ActivationBackward", "kDeclaredEntryPoints",
@@ -97,3 +97,13 @@ def test_integration_rules_name_registered_ops():
             assert rule.ops is not None, f"rule {rule.kind} declares no ops"
             unknown = sorted((set(rule.ops) | set(rule.needs_backward)) - set(rows))
             assert not unknown, f"rule {rule.kind} names ops that are not registered: {unknown}"
+
+
+def test_tests_are_grouped_by_family():
+    """Each op family has its folder of tests (tests/<family>/, as csrc/<family>/ and the Python
+    module), and no test module sits loose in tests/ (the shared helpers do)."""
+    families = {header.parent.name for header in (ROOT / "csrc").glob("*/ops.h")}
+    folders = {p.name for p in (ROOT / "tests").iterdir() if p.is_dir() and any(p.glob("test_*.py"))}
+    assert families <= folders, f"families without a tests/<family>/ folder: {sorted(families - folders)}"
+    loose = sorted(p.name for p in (ROOT / "tests").glob("test_*.py"))
+    assert not loose, f"test modules outside a folder: {loose}"

@@ -6,8 +6,8 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
+from grad_helpers import KeepFlceGradients
 from reference.activations import activation_float64
 from reference.loss import linear_cross_entropy_float64
 from reference.rope import rotary_float64
@@ -180,19 +180,6 @@ def test_flce_backward_twice_is_refused(tk):
     loss.backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="backward ran twice"):
         loss.backward()
-
-
-class KeepFlceGradients(torch.utils._python_dispatch.TorchDispatchMode):
-    """Keeps references to the gradient outputs of the fused_linear_cross_entropy op (hidden's,
-    weight's), as anything holding the op's outputs would."""
-
-    grads: list = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if func._opname == "fused_linear_cross_entropy":
-            self.grads = list(out[1:3])
-        return out
 
 
 def test_flce_gradients_reach_the_leaves_without_a_copy(tk):

@@ -13,7 +13,7 @@ import torch
 from helpers import DTYPES, assert_rejects, random_input
 from reference.norm_backward import qk_norm_rope_backward_float64, qk_norm_rope_float64
 from reference.rope import ltx_tables_from_coords
-from test_norm_backward import assert_grad, f64, grad_inputs, grads_of, leaf
+from grad_helpers import assert_grad, f64, grad_inputs, grads_of, leaf
 
 gpu = pytest.mark.gpu
 EPS = 1e-6

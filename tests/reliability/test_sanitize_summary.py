@@ -5,7 +5,7 @@ ours and fails the verdict; library kernels' errors are listed by name and do no
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "sanitize"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sanitize"))
 
 import summarize  # noqa: E402
 

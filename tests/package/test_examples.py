@@ -3,12 +3,12 @@ failing somewhere inside a model."""
 
 import subprocess
 import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-EXAMPLES = sorted(p for p in (Path(__file__).resolve().parent.parent / "examples").glob("*.py")
+from conftest import ROOT
+
+EXAMPLES = sorted(p for p in (ROOT / "examples").glob("*.py")
                   if not p.name.startswith("_"))  # _cli.py: their shared command-line setup
 
 
@@ -28,7 +28,7 @@ def test_without_gpu_says_a_gpu_is_needed(example):
     assert "runs on NVIDIA GPUs" in done.stderr
 
 
-@pytest.mark.parametrize("example", sorted((Path(__file__).resolve().parent.parent / "examples").glob("*.py")),
+@pytest.mark.parametrize("example", sorted((ROOT / "examples").glob("*.py")),
                          ids=lambda p: p.name)
 def test_examples_import_nothing_from_benchmarks(example):
     """Examples are what users copy: they use the installed packages, not the benchmark scripts."""

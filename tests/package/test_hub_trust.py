@@ -12,7 +12,7 @@ import pytest
 from conftest import ROOT
 
 HUB_CALLS = {"get_kernel", "LayerRepository"}
-CODE = sorted([*(ROOT / "examples").glob("*.py"), *(ROOT / "integration" / "transformer_kernels_integrations").glob("*.py")])
+CODE = sorted([*(ROOT / "examples").glob("*.py"), *(ROOT / "integration" / "transformer_kernels_integrations").rglob("*.py")])
 DOCS = sorted([ROOT / "README.md", ROOT / "CARD.md", *(ROOT / "docs").glob("*.md")])
 
 

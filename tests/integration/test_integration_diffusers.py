@@ -85,7 +85,7 @@ LTX_REPLACED_WITHOUT = {
     "norm_modulate": {"ltx_rope_coords": 1, **_MERGED, "ltx_attention": 4, "rms_norm": 4, **_FFN, "layer_norm": 1},
     "merge_projections": {"ltx_rope_coords": 1, "ltx_block": 2, "ltx_attention": 4, **_FFN, "layer_norm": 1},
     "linear_gelu": {"ltx_rope_coords": 1, **_MERGED, "ltx_block": 2, "ltx_attention": 4, "gelu": 3, "layer_norm": 1},
-    # Stable Diffusion's switches: LTX-Video has no GroupNorm or GEGLU (tests/test_integration_sd.py)
+    # Stable Diffusion's switches: LTX-Video has no GroupNorm or GEGLU (tests/integration/test_integration_sd.py)
     "group_norm": LTX_REPLACED,
     "geglu": LTX_REPLACED,
 }

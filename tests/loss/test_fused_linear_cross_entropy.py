@@ -1,7 +1,7 @@
 """Fused linear cross-entropy on the GPU: loss and gradients against F.cross_entropy(hidden @ W.T, ...)
 in float64 with every option (ignore_index, reductions, label smoothing, soft-capping, bias), chunk
 boundaries and vocabularies the vector path does not divide, all-ignored batches, transformers'
-eager loss, peak memory, opcheck and torch.compile. (The chunk loop alone: tests/test_training_cpu.py.)"""
+eager loss, peak memory, opcheck and torch.compile. (The chunk loop alone: tests/training/test_training_cpu.py.)"""
 
 import math
 
@@ -187,7 +187,7 @@ def test_flce_peak_memory_far_below_the_logits(tk):
 def test_flce_gradients_reach_the_leaves_without_a_copy(tk):
     """The leaves' .grad are the op's own gradient buffers, computed in the forward: no [V, H] copy
     (even where the op's outputs are still referenced, as this dispatch mode keeps them)."""
-    from test_training_cpu import KeepFlceGradients
+    from grad_helpers import KeepFlceGradients
 
     hidden, weight, target, _ = inputs(300, 64, 5000, torch.bfloat16)
     with KeepFlceGradients() as kept:

@@ -22,6 +22,7 @@ import re
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -350,7 +351,7 @@ def test_every_registered_op_has_a_capture_case():
 
 COLD_CAPTURE = textwrap.dedent("""
     import sys, torch
-    sys.path[:0] = [{tests!r}, {root!r}, {integration!r}]
+    sys.path[:0] = [{here!r}, {tests!r}, {root!r}, {integration!r}]
     from transformer_kernels_integrations.loading import load_kernel, use_local_build
     use_local_build()
     import test_cuda_graphs as t
@@ -380,7 +381,8 @@ def test_first_call_inside_capture_is_legal():
     """Each op's first call in a fresh process happens during capture: its one-time host queries
     (cudaFuncGetAttributes behind the block-size limits, cached in statics; cuBLASLt's heuristic)
     and the lazy loading of its kernels are legal there, and the replay gives eager's bits."""
-    script = COLD_CAPTURE.format(tests=str(ROOT / "tests"), root=str(ROOT), integration=str(ROOT / "integration"))
+    script = COLD_CAPTURE.format(here=str(Path(__file__).resolve().parent), tests=str(ROOT / "tests"), root=str(ROOT),
+                                 integration=str(ROOT / "integration"))
     env = dict(os.environ, CUDA_MODULE_LOADING="LAZY")
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]

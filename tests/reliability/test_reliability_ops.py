@@ -14,7 +14,7 @@ import op_catalog as oc
 from eager_kernel import eager_kernel
 from helpers import DTYPES, UNIT_ROUNDOFF
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ENTRY_CASES = [(name, case) for name in oc.ENTRIES for case in oc.cases_of(name)]
 TWO_GPUS = pytest.mark.skipif(torch.cuda.device_count() < 2,
                               reason=f"needs two GPUs: torch.cuda.device_count() is {torch.cuda.device_count()}")

@@ -3,7 +3,7 @@ have a backward, and a causal LM called with labels computes its loss with the f
 cross-entropy. On CPU the patched forwards run with the eager references standing in for the
 CUDA-only ops (the fused linear cross-entropy runs its own CPU path): the loss and every gradient
 must be the original model's. The GPU runs (tiny models trained for a few hundred steps against
-eager) are in tests/test_training_models.py."""
+eager) are in tests/integration/test_training_models.py."""
 
 import copy
 from types import SimpleNamespace

@@ -131,7 +131,7 @@ def test_empty(tk, shape):
 def test_runs_on_the_current_stream(tk):
     """x is written on a side stream after a sleep, then rms_norm is called on that stream: a launch
     on any other stream (the legacy default one, or the device's default) runs at once and reads
-    the NaN placeholder instead. Every op, and other devices: tests/test_reliability_ops.py."""
+    the NaN placeholder instead. Every op, and other devices: tests/reliability/test_reliability_ops.py."""
     values = random_input((256, 1024), torch.bfloat16)
     w = make_weight("same", 1024, torch.bfloat16)
     expected = tk.rms_norm(values, w, EPS)
