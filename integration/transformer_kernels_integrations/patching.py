@@ -62,10 +62,11 @@ class KernelFallbackError(RuntimeError):
 
 @dataclass
 class InjectionReport:
-    """What ``inject`` did. ``replaced``: kind -> modules patched; ``skipped``: module path -> why no
-    rule patched it (a rule's reason, or the switch that is off); ``fallbacks``: kind -> when its
-    patched path runs the library's own code instead of the kernel; ``fallbacks_taken``: kind ->
-    how often that happened since (updated while the model runs; not counted under torch.compile)."""
+    """What ``inject`` did. ``replaced``: kind -> modules patched; ``ops``: kind -> the ops it runs
+    (the names of docs/ops.md and ``tk.has_backward``); ``skipped``: module path -> why no rule
+    patched it (a rule's reason, or the switch that is off); ``fallbacks``: kind -> when its patched
+    path runs the library's own code instead of the kernel; ``fallbacks_taken``: kind -> how often
+    that happened since (updated while the model runs; not counted under torch.compile)."""
 
     replaced: dict[str, int] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
@@ -73,13 +74,18 @@ class InjectionReport:
     fallbacks_taken: dict[str, int] = field(default_factory=dict)
     switches: dict[str, bool] = field(default_factory=dict)
     training: bool = False  # injected for training: only rules whose ops have a backward
+    ops: dict[str, tuple[str, ...]] = field(default_factory=dict)  # kind -> the ops it runs (docs/ops.md)
 
     @property
     def left(self) -> dict[str, str]:  # the name before the switches came
         return self.skipped
 
     def __str__(self) -> str:
-        lines = ["replaced: " + (", ".join(f"{n} {k}" for k, n in sorted(self.replaced.items())) or "nothing")]
+        def kind(k: str, n: int) -> str:
+            ops = self.ops.get(k)
+            return f"{n} {k}" + (f" [{', '.join(ops)}]" if ops else "")
+
+        lines = ["replaced: " + (", ".join(kind(k, n) for k, n in sorted(self.replaced.items())) or "nothing")]
         if self.training:
             lines.append("training: only the rules whose ops have a backward")
         off = sorted(k for k, on in self.switches.items() if not on)
@@ -385,6 +391,7 @@ def apply_rules(models: Iterable[tuple[str, torch.nn.Module, tuple[Rule, ...]]],
                 rule.patch(module, injection)
                 injection.rule = None
                 report.replaced[rule.kind] = report.replaced.get(rule.kind, 0) + 1
+                report.ops[rule.kind] = rule.ops or ()
                 if rule.fallback:
                     report.fallbacks[rule.kind] = rule.fallback
                 claimed.update(id(getattr(module, child)) for child in rule.claims if hasattr(module, child))

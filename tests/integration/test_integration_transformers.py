@@ -92,6 +92,10 @@ def test_report(name, merge):
     assert "transformers'" in report.fallbacks[fallback_kind]
     assert "can fall back: " + fallback_kind in str(report)
     assert all("gradients" in report.fallbacks[kind] for kind in {fallback_kind} | merged_mlp if kind.startswith("merged"))
+    # the report says which ops each kind runs, by the ops' names
+    assert set(report.ops) == set(report.replaced) and report.ops["decoder_layer"] == ("fused_add_rms_norm",)
+    assert "2 decoder_layer [fused_add_rms_norm]" in str(report)
+    assert report.ops["merged_gate_up_mlp" if merge else "mlp"] == (("act_and_mul",) if merge else ("act_mul",))
 
 
 def test_switches_are_the_table_s_and_unknown_ones_are_refused(tk):
