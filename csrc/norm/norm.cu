@@ -128,7 +128,7 @@ void run(const NormCall& c) {
   if constexpr (!kMod)
     p.split_chunks = norm_split_chunks(p.num_rows, p.hidden, at::cuda::getCurrentDeviceProperties()->multiProcessorCount);
   if (p.split_chunks > 1) {
-    split_stats = empty_tensor({p.num_rows * p.split_chunks * kChunkStatFloats}, c.x->options().dtype(at::kFloat));
+    split_stats = empty_tensor({p.num_rows * p.split_chunks * ChunkStatFloats::kForward}, c.x->options().dtype(at::kFloat));
     p.split_stats = split_stats.data_ptr<float>();
     p.split_chunk_elems = NormPolicy::kSplitChunkElems;
   }

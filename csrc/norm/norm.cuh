@@ -31,7 +31,7 @@ namespace norm_detail {
 
 // The entry of norm_body: the modulated RMSNorms run under Policy::kModulatedRmsRegisterCap, the
 // others keep ptxas's choice.
-template <typename Op, int kVec, int kThreadsPerRow, NormPass kPass = NormPass::kWholeRow>
+template <typename Op, int kVec, int kThreadsPerRow, RowPass kPass = RowPass::kWholeRow>
 constexpr auto norm_kernel() {
   constexpr int kCap =
       Op::kType == NormType::kRms && Op::kModulated ? Op::policy::kModulatedRmsRegisterCap : kNoRegisterCap;
@@ -59,8 +59,8 @@ cudaError_t LaunchNorm(const typename Op::Params& p, cudaStream_t stream) {
   const int64_t num_vecs = p.hidden / kVec;
   if constexpr (kEverySchedule) {
     if (p.split_chunks > 1) {
-      constexpr auto kStats = norm_kernel<Op, kVec, 0, NormPass::kChunkStats>();
-      constexpr auto kFromStats = norm_kernel<Op, kVec, 0, NormPass::kChunkFromStats>();
+      constexpr auto kStats = norm_kernel<Op, kVec, 0, RowPass::kChunkStats>();
+      constexpr auto kFromStats = norm_kernel<Op, kVec, 0, RowPass::kChunkFromStats>();
       const int64_t chunk_vecs = p.split_chunk_elems / kVec;
       const dim3 grid(static_cast<unsigned>(p.split_chunks), static_cast<unsigned>(p.num_rows));
       kStats<<<grid, block_threads<Op, kStats>(chunk_vecs), 0, stream>>>(p);

@@ -41,9 +41,9 @@ void check_grad(const char* op, const at::Tensor& g, const char* name, const at:
   check_last_dim_contiguous(op, g, name);
 }
 
-NormBackwardType resolve_norm_type(const char* op, std::string_view norm) {
-  if (norm == "rms") return NormBackwardType::kRms;
-  if (norm == "layer") return NormBackwardType::kLayer;
+NormType resolve_norm_type(const char* op, std::string_view norm) {
+  if (norm == "rms") return NormType::kRms;
+  if (norm == "layer") return NormType::kLayer;
   TORCH_CHECK_VALUE(false, op, ": norm must be \"rms\" or \"layer\", got \"", norm, "\"");
 }
 
@@ -57,7 +57,7 @@ void launch_norm_backward_call(const NormBackwardCall& c) {
       if (g != nullptr) g->zero_();
     return;
   }
-  using N = NormBackwardType;
+  using N = NormType;
   const bool mod = c.scale != nullptr, gated = c.gate != nullptr, affine = c.weight != nullptr || c.bias != nullptr;
   if (c.type == N::kNone) return dispatch_norm_backward<N::kNone, kBackwardGated>(c);
   if (!mod) {
@@ -89,7 +89,7 @@ std::tuple<at::Tensor, at::Tensor> rms_backward(const char* op, const at::Tensor
   if (grad_h) check_grad(op, *grad_h, "grad_residual_out", x, x.scalar_type(), x.scalar_type());
   at::Tensor dx = mask[0] ? empty_tensor(x.sizes(), x.options()) : not_asked(x);
   at::Tensor dw = grad_for(mask[1], ptr(weight), x);
-  NormBackwardCall c{op, NormBackwardType::kRms, &grad_out, ptr(grad_h), &x, ptr(weight)};
+  NormBackwardCall c{op, NormType::kRms, &grad_out, ptr(grad_h), &x, ptr(weight)};
   c.eps = eps;
   c.dh = mask[0] ? &dx : nullptr;
   c.grads[kGradWeight] = mask[1] && weight ? &dw : nullptr;
@@ -98,18 +98,18 @@ std::tuple<at::Tensor, at::Tensor> rms_backward(const char* op, const at::Tensor
 }
 
 // The modulated norms' checks: x, the norm, its parameters, scale/shift broadcast to x.
-NormBackwardType check_modulated(const char* op, const at::Tensor& x, const at::Tensor& scale,
+NormType check_modulated(const char* op, const at::Tensor& x, const at::Tensor& scale,
                                  const OptTensor& shift, const OptTensor& weight, const OptTensor& bias, double eps,
                                  std::string_view norm) {
   check_row_input(op, x, "x");
-  const NormBackwardType type = resolve_norm_type(op, norm);
+  const NormType type = resolve_norm_type(op, norm);
   check_norm_param(op, weight, "weight", x);
   check_norm_param(op, bias, "bias", x);
   if (weight && bias)
     TORCH_CHECK_TYPE(weight->scalar_type() == bias->scalar_type(), op, ": weight and bias must have one dtype, got ",
                      weight->scalar_type(), " and ", bias->scalar_type());
-  TORCH_CHECK_VALUE(type == NormBackwardType::kLayer || !bias, op, ": bias is only used with norm=\"layer\"");
-  if (type == NormBackwardType::kRms && weight)
+  TORCH_CHECK_VALUE(type == NormType::kLayer || !bias, op, ": bias is only used with norm=\"layer\"");
+  if (type == NormType::kRms && weight)
     TORCH_CHECK_TYPE(weight->scalar_type() == x.scalar_type(), op,
                      ": with norm=\"rms\" the weight must have x's dtype, got ", weight->scalar_type());
   check_broadcasts_to(op, scale, "scale", x);
@@ -149,7 +149,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward(const at::Ten
   at::Tensor dx = output_mask[0] ? empty_tensor(x.sizes(), x.options()) : not_asked(x);
   at::Tensor dw = grad_for(output_mask[1], ptr(weight), x);
   at::Tensor db = grad_for(output_mask[2], ptr(bias), x);
-  NormBackwardCall c{op, NormBackwardType::kLayer, &grad_out, nullptr, &x, ptr(weight), ptr(bias)};
+  NormBackwardCall c{op, NormType::kLayer, &grad_out, nullptr, &x, ptr(weight), ptr(bias)};
   c.eps = eps;
   c.dh = output_mask[0] ? &dx : nullptr;
   c.grads[kGradWeight] = output_mask[1] && weight ? &dw : nullptr;
@@ -163,7 +163,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> norm_modu
     const OptTensor& weight, const OptTensor& bias, double eps, std::string_view norm,
     std::array<bool, 5> output_mask) {
   constexpr const char* op = "norm_modulate_backward";
-  const NormBackwardType type = check_modulated(op, x, scale, shift, weight, bias, eps, norm);
+  const NormType type = check_modulated(op, x, scale, shift, weight, bias, eps, norm);
   check_grad(op, grad_out, "grad_out", x, x.scalar_type(), x.scalar_type());
   at::Tensor dx = output_mask[0] ? empty_tensor(x.sizes(), x.options()) : not_asked(x);
   at::Tensor dscale = grad_for(output_mask[1], &scale, x);
@@ -187,7 +187,7 @@ gated_add_norm_modulate_backward(const OptTensor& grad_h, const at::Tensor& grad
                                  const OptTensor& shift, const OptTensor& weight, const OptTensor& bias, double eps,
                                  std::string_view norm, std::array<bool, 7> output_mask) {
   constexpr const char* op = "gated_add_norm_modulate_backward";
-  const NormBackwardType type = check_modulated(op, h, scale, shift, weight, bias, eps, norm);
+  const NormType type = check_modulated(op, h, scale, shift, weight, bias, eps, norm);
   check_grad(op, grad_out, "grad_out", h, h.scalar_type(), h.scalar_type());
   if (grad_h) check_grad(op, *grad_h, "grad_h", h, h.scalar_type(), h.scalar_type());
   check_same_as_x(op, y, "y", h, "h");
@@ -223,7 +223,7 @@ std::tuple<at::Tensor, at::Tensor> gated_add_backward(const at::Tensor& grad_out
   check_broadcasts_to(op, gate, "gate", grad_out);
   at::Tensor dy = output_mask[0] ? empty_tensor(grad_out.sizes(), grad_out.options()) : not_asked(grad_out);
   at::Tensor dgate = grad_for(output_mask[1], &gate, grad_out);
-  NormBackwardCall c{op, NormBackwardType::kNone, &grad_out};
+  NormBackwardCall c{op, NormType::kNone, &grad_out};
   c.y = &y;
   c.gate = &gate;
   c.dy = output_mask[0] ? &dy : nullptr;

@@ -13,7 +13,7 @@
 //   dh = rstd * (g - mean(g) - xhat * mean(g * xhat)) + dh_in   (mean(g) taken as 0 for RMSNorm)
 //   dx = dh,  dy = dh * gate,  and over rows: dw = sum(dn * xhat), db = sum(dn),
 //   dscale = sum(dout * n), dshift = sum(dout), dgate = sum(dh * y)
-// gated_add (out = x + gate * y; NormBackwardType::kNone) is the last line alone with dh = dout.
+// gated_add (out = x + gate * y; NormType::kNone) is the last line alone with dh = dout.
 // The statistics are recomputed from h: the backward reads h anyway, so they cost no traffic and
 // the training forward is the inference kernel itself.
 //
@@ -37,11 +37,9 @@
 #include "common/schedule.cuh"
 #include "common/vec.cuh"
 #include "norm/grad_reduce.cuh"
+#include "norm/norm_common.cuh"
 
 namespace transformer_kernels {
-
-enum class NormBackwardType { kRms, kLayer, kNone };
-enum class BackwardPass { kWholeRow, kChunkStats, kChunkFromStats };
 
 // What a kernel may have to handle (a bit mask; whichever pointers are set at run time decide):
 // the modulation (scale, shift), the gated pre-add's y and gate, the weight and bias. Each costs
@@ -51,9 +49,6 @@ constexpr int kBackwardAllFeatures = kBackwardMod | kBackwardGated | kBackwardAf
 
 // Parameter gradients, in the order of NormBackwardParams' arrays.
 enum ParamGrad : int { kGradWeight, kGradBias, kGradScale, kGradShift, kGradGate, kNumParamGrads };
-
-// A chunk's statistics: RMSNorm (sum h^2, sum g h); LayerNorm (count, mean, M2, sum g, sum g (h - mean)).
-constexpr int kChunkStatFloatsBwd = 5;
 
 // Row addressing of the whole-row kernels: row r starts at (r / segment) * stride. It covers rows
 // of one stride (segment 1) and the broadcast parameters whose gradients reduce over segments
@@ -119,7 +114,7 @@ struct NormBackwardParams {
   int row_threads = 1;
   int chunks = 1;
   int chunk_elems = 0;
-  float* chunk_stats = nullptr;  // [rows, chunks, kChunkStatFloatsBwd] when chunks > 1 (kRms, kLayer)
+  float* chunk_stats = nullptr;  // [rows, chunks, ChunkStatFloats::kBackward] when chunks > 1 (kRms, kLayer)
   // The inputs' rows as SegmentRows (set by set_segment_rows; the whole-row kernels need them).
   bool segment_rows = false;
   SegmentRows dout_seg, dh_in_seg, h_seg, scale_seg, y_seg, gate_seg;
@@ -143,17 +138,17 @@ namespace norm_backward_detail {
 constexpr size_t kPartialBytesBound =
     static_cast<size_t>(kBackwardMaxThreads) * partial_slot_stride(kBackwardElems) * sizeof(float);
 
-template <typename T, typename weight_t, typename grad_t, NormBackwardType kNorm, int kFeatures, int kVec,
-          BackwardPass kPass>
+template <typename T, typename weight_t, typename grad_t, NormType kNorm, int kFeatures, int kVec,
+          RowPass kPass>
 TK_DEVICE void norm_backward_body(const NormBackwardParams<T, weight_t, grad_t>& p) {
   constexpr int kVecs = kBackwardElems / kVec;  // vectors per thread
-  constexpr bool kStats = kNorm != NormBackwardType::kNone;
-  constexpr bool kLayer = kNorm == NormBackwardType::kLayer;
+  constexpr bool kStats = kNorm != NormType::kNone;
+  constexpr bool kLayer = kNorm == NormType::kLayer;
   constexpr bool kMod = (kFeatures & kBackwardMod) != 0;
   constexpr bool kGated = (kFeatures & kBackwardGated) != 0;
   constexpr bool kAffine = kStats && (kFeatures & kBackwardAffine) != 0;
   static_assert(kBackwardElems % kVec == 0, "a thread holds whole vectors");
-  static_assert(kStats || kPass != BackwardPass::kChunkStats, "gated_add has no statistics");
+  static_assert(kStats || kPass != RowPass::kChunkStats, "gated_add has no statistics");
   using vec = vec_t<T, kVec>;
 
   const int threads = p.row_threads;
@@ -170,7 +165,7 @@ TK_DEVICE void norm_backward_body(const NormBackwardParams<T, weight_t, grad_t>&
   p.items.rows_of(item, first, last);
   auto vec_of = [&](int k) { return lane + k * threads; };  // this thread's k-th vector of the chunk
   // Row starts: SegmentRows in the whole-row kernels, RowIndexer in the chunked ones.
-  constexpr bool kSeg = kPass == BackwardPass::kWholeRow;
+  constexpr bool kSeg = kPass == RowPass::kWholeRow;
   auto at_row = [](const SegmentRows& seg, const RowIndexer& rows, int64_t row) {
     if constexpr (kSeg) return seg.offset(row); else return rows.offset(row);
   };
@@ -230,16 +225,16 @@ TK_DEVICE void norm_backward_body(const NormBackwardParams<T, weight_t, grad_t>&
     // The row's statistics: rstd, mean (LayerNorm), mean(g) (LayerNorm) and c = mean(g * xhat).
     float mean = 0.f, rstd = 1.f, mean_g = 0.f, c_gx = 0.f;
     if constexpr (kStats) {
-      const float inv_n = 1.f / static_cast<float>(kPass == BackwardPass::kChunkStats ? width : p.hidden);
-      float* row_stats = kPass != BackwardPass::kWholeRow
-                             ? p.chunk_stats + r * p.chunks * kChunkStatFloatsBwd
+      const float inv_n = 1.f / static_cast<float>(kPass == RowPass::kChunkStats ? width : p.hidden);
+      float* row_stats = kPass != RowPass::kWholeRow
+                             ? p.chunk_stats + r * p.chunks * ChunkStatFloats::kBackward
                              : nullptr;
-      if constexpr (kPass == BackwardPass::kChunkFromStats) {
+      if constexpr (kPass == RowPass::kChunkFromStats) {
         // Combined in chunk order (the same bits in every block of the row); LayerNorm's (count,
         // mean, M2) by Chan et al.'s pairwise update, its g sums moved to the row's mean.
         float s_hh = 0.f, s_gx = 0.f, count = 0.f, m2 = 0.f, s_g = 0.f;
         for (int ch = 0; ch < p.chunks; ++ch) {
-          const float* s = row_stats + ch * kChunkStatFloatsBwd;
+          const float* s = row_stats + ch * ChunkStatFloats::kBackward;
           if constexpr (kLayer) {
             const float n = count + s[0], delta = s[1] - mean;
             mean += delta * (s[0] / n);
@@ -254,7 +249,7 @@ TK_DEVICE void norm_backward_body(const NormBackwardParams<T, weight_t, grad_t>&
         }
         if constexpr (kLayer) {
           for (int ch = 0; ch < p.chunks; ++ch) {
-            const float* s = row_stats + ch * kChunkStatFloatsBwd;
+            const float* s = row_stats + ch * ChunkStatFloats::kBackward;
             s_g += s[3];
             s_gx += s[4] + (s[1] - mean) * s[3];
           }
@@ -265,7 +260,7 @@ TK_DEVICE void norm_backward_body(const NormBackwardParams<T, weight_t, grad_t>&
         }
         c_gx = s_gx * rstd * inv_n;
       } else {
-        float* chunk_stats = kPass == BackwardPass::kChunkStats ? row_stats + chunk * kChunkStatFloatsBwd : nullptr;
+        float* chunk_stats = kPass == RowPass::kChunkStats ? row_stats + chunk * ChunkStatFloats::kBackward : nullptr;
         if constexpr (!kLayer) {
           float s[2] = {0.f, 0.f};  // sum h^2, sum g h
 #pragma unroll
@@ -277,7 +272,7 @@ TK_DEVICE void norm_backward_body(const NormBackwardParams<T, weight_t, grad_t>&
             }
           }
           row_group_sum(s, threads);
-          if constexpr (kPass == BackwardPass::kChunkStats) {
+          if constexpr (kPass == RowPass::kChunkStats) {
             if (active && lane == 0) chunk_stats[0] = s[0], chunk_stats[1] = s[1];
             continue;
           }
@@ -306,7 +301,7 @@ TK_DEVICE void norm_backward_body(const NormBackwardParams<T, weight_t, grad_t>&
             }
           }
           row_group_sum(s, threads);
-          if constexpr (kPass == BackwardPass::kChunkStats) {
+          if constexpr (kPass == RowPass::kChunkStats) {
             if (active && lane == 0) {
               chunk_stats[0] = static_cast<float>(width);
               chunk_stats[1] = mean, chunk_stats[2] = s[0], chunk_stats[3] = s[1], chunk_stats[4] = s[2];
@@ -414,7 +409,7 @@ TK_DEVICE void norm_backward_body(const NormBackwardParams<T, weight_t, grad_t>&
       }
     }
   }
-  if constexpr (kPass == BackwardPass::kChunkStats) return;
+  if constexpr (kPass == RowPass::kChunkStats) return;
 
   // The item's partial sums, one workspace row per gradient (uniform branches: barriers inside).
   auto slot_of = [threads](int col, int& slot_lane, int& e) {
@@ -441,8 +436,8 @@ TK_DEVICE void norm_backward_body(const NormBackwardParams<T, weight_t, grad_t>&
   if constexpr (kGated) flush(kGradGate, acc_gate);
 }
 
-template <typename T, typename weight_t, typename grad_t, NormBackwardType kNorm, int kFeatures, int kVec,
-          BackwardPass kPass>
+template <typename T, typename weight_t, typename grad_t, NormType kNorm, int kFeatures, int kVec,
+          RowPass kPass>
 constexpr auto norm_backward_kernel() {
   return kernel_entry_for<kNoRegisterCap, NormBackwardParams<T, weight_t, grad_t>,
                           norm_backward_body<T, weight_t, grad_t, kNorm, kFeatures, kVec, kPass>>();
@@ -497,11 +492,11 @@ struct NormBackwardPlan {
 // multiples of 8, and the element-by-element forms of every variant would double the binary.
 // sm_count: the device's. The caller then allocates p.partials (plan.items rows each) and
 // p.chunk_stats.
-template <NormBackwardType kNorm, int kFeatures, bool kWholeRows, typename T, typename W, typename G>
+template <NormType kNorm, int kFeatures, bool kWholeRows, typename T, typename W, typename G>
 bool plan_norm_backward(NormBackwardParams<T, W, G>& p, int sm_count, NormBackwardPlan* plan) {
   using namespace norm_backward_detail;
   constexpr int kVec = vec_size<T>();
-  constexpr BackwardPass kMainPass = kWholeRows ? BackwardPass::kWholeRow : BackwardPass::kChunkFromStats;
+  constexpr RowPass kMainPass = kWholeRows ? RowPass::kWholeRow : RowPass::kChunkFromStats;
   constexpr auto kVecKernel = norm_backward_kernel<T, W, G, kNorm, kFeatures, kVec, kMainPass>();
   plan->vectorized = vectorizable(p, kVec);
   plan->chunked = !kWholeRows;
@@ -536,7 +531,7 @@ bool plan_norm_backward(NormBackwardParams<T, W, G>& p, int sm_count, NormBackwa
   if (p.row_threads > max_threads()) {
     // Statistics need the whole row in one group: the norms take the chunked kernels; gated_add
     // has none, so its rows simply go in chunks of columns.
-    if (kWholeRows && kNorm != NormBackwardType::kNone) return false;
+    if (kWholeRows && kNorm != NormType::kNone) return false;
     in_chunks_of(kBackwardChunkElems);
   }
   plan->block_threads = backward_block_threads(p.row_threads);
@@ -551,7 +546,7 @@ bool plan_norm_backward(NormBackwardParams<T, W, G>& p, int sm_count, NormBackwa
 // Launches the planned kernels (kWholeRows: as plan_norm_backward<..., kWholeRows> planned them),
 // then the column sums of the reduced gradients. p as planned, with its workspaces. Rows and
 // hidden > 0.
-template <NormBackwardType kNorm, int kFeatures, bool kWholeRows, typename T, typename W, typename G>
+template <NormType kNorm, int kFeatures, bool kWholeRows, typename T, typename W, typename G>
 cudaError_t norm_backward(const NormBackwardParams<T, W, G>& p, const NormBackwardPlan& plan, cudaStream_t stream) {
   using namespace norm_backward_detail;
   constexpr int kVec = vec_size<T>();
@@ -559,14 +554,14 @@ cudaError_t norm_backward(const NormBackwardParams<T, W, G>& p, const NormBackwa
   const dim3 grid(static_cast<unsigned>(plan.items * p.chunks));
   auto go = [&](auto kernel) { kernel<<<grid, plan.block_threads, plan.shared_bytes, stream>>>(p); };
   if constexpr (kWholeRows) {
-    go(norm_backward_kernel<T, W, G, kNorm, kFeatures, kVec, BackwardPass::kWholeRow>());
+    go(norm_backward_kernel<T, W, G, kNorm, kFeatures, kVec, RowPass::kWholeRow>());
   } else {
-    if constexpr (kNorm != NormBackwardType::kNone) {
-      plan.vectorized ? go(norm_backward_kernel<T, W, G, kNorm, kFeatures, kVec, BackwardPass::kChunkStats>())
-                      : go(norm_backward_kernel<T, W, G, kNorm, kFeatures, 1, BackwardPass::kChunkStats>());
+    if constexpr (kNorm != NormType::kNone) {
+      plan.vectorized ? go(norm_backward_kernel<T, W, G, kNorm, kFeatures, kVec, RowPass::kChunkStats>())
+                      : go(norm_backward_kernel<T, W, G, kNorm, kFeatures, 1, RowPass::kChunkStats>());
     }
-    plan.vectorized ? go(norm_backward_kernel<T, W, G, kNorm, kFeatures, kVec, BackwardPass::kChunkFromStats>())
-                    : go(norm_backward_kernel<T, W, G, kNorm, kFeatures, 1, BackwardPass::kChunkFromStats>());
+    plan.vectorized ? go(norm_backward_kernel<T, W, G, kNorm, kFeatures, kVec, RowPass::kChunkFromStats>())
+                    : go(norm_backward_kernel<T, W, G, kNorm, kFeatures, 1, RowPass::kChunkFromStats>());
   }
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;

@@ -13,7 +13,7 @@ namespace norm_backward_binding {
 // Everything one backward needs, as torch tensors; nullptr for what is absent or not wanted.
 struct NormBackwardCall {
   const char* op;
-  NormBackwardType type;
+  NormType type;
   const at::Tensor* dout;             // gradient of out, x's shape
   const at::Tensor* dh_in = nullptr;  // gradient of the forward's h output, x's shape
   const at::Tensor* h = nullptr;      // what was normalized (kNone: nullptr, dout gives the shape)
@@ -34,10 +34,10 @@ struct NormBackwardCall {
 // Picks the kernel for the dtypes (x's T; weight T or fp32; dout T, or fp32 for RMSNorm's fp32
 // output) and launches it on the current stream: whole rows where a row group holds them, column
 // chunks (dispatch_norm_backward_chunked) otherwise. Rows and hidden > 0.
-template <NormBackwardType kNorm, int kFeatures>
+template <NormType kNorm, int kFeatures>
 void dispatch_norm_backward(const NormBackwardCall& c);
 
-template <NormBackwardType kNorm>
+template <NormType kNorm>
 void dispatch_norm_backward_chunked(const NormBackwardCall& c);
 
 }  // namespace norm_backward_binding

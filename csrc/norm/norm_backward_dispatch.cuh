@@ -48,7 +48,7 @@ const P* data(const at::Tensor* t) {
 
 // Launches the (kNorm, kFeatures) kernels for dtypes T, W, G. False, without a launch, when
 // kWholeRows and the whole-row kernel cannot take these rows (plan_norm_backward).
-template <NormBackwardType kNorm, int kFeatures, bool kWholeRows, typename T, typename W, typename G>
+template <NormType kNorm, int kFeatures, bool kWholeRows, typename T, typename W, typename G>
 bool run(const NormBackwardCall& c) {
   const at::Tensor& x = c.h != nullptr ? *c.h : *c.dout;
   NormBackwardParams<T, W, G> p;
@@ -117,8 +117,8 @@ bool run(const NormBackwardCall& c) {
     p.partials[i] = partials[i].data_ptr<float>();
   }
   at::Tensor chunk_stats;
-  if (kNorm != NormBackwardType::kNone && plan.chunked) {
-    chunk_stats = empty_tensor({p.num_rows * p.chunks * kChunkStatFloatsBwd}, x.options().dtype(at::kFloat));
+  if (kNorm != NormType::kNone && plan.chunked) {
+    chunk_stats = empty_tensor({p.num_rows * p.chunks * ChunkStatFloats::kBackward}, x.options().dtype(at::kFloat));
     p.chunk_stats = chunk_stats.data_ptr<float>();
   }
   const cudaError_t err = norm_backward<kNorm, kFeatures, kWholeRows>(p, plan, at::cuda::getCurrentCUDAStream());
@@ -132,12 +132,12 @@ bool run(const NormBackwardCall& c) {
 // allows it), and the output gradient in T or, for RMSNorm's fp32-weight rounding, fp32. The
 // modulated RMSNorms take x's dtype only, but the chunked kernels (all features) serve every op of
 // their norm, rms_norm's fp32 weight included.
-template <NormBackwardType kNorm, int kFeatures, bool kWholeRows>
+template <NormType kNorm, int kFeatures, bool kWholeRows>
 bool dispatch_dtypes(const NormBackwardCall& c) {
   constexpr bool kMod = (kFeatures & kBackwardMod) != 0;
   constexpr bool kAffine = (kFeatures & kBackwardAffine) != 0;
-  constexpr bool kF32Weight = kAffine && (!kWholeRows || !(kNorm == NormBackwardType::kRms && kMod));
-  constexpr bool kF32Grad = kF32Weight && kNorm == NormBackwardType::kRms;
+  constexpr bool kF32Weight = kAffine && (!kWholeRows || !(kNorm == NormType::kRms && kMod));
+  constexpr bool kF32Grad = kF32Weight && kNorm == NormType::kRms;
   const at::Tensor& x = c.h != nullptr ? *c.h : *c.dout;
   const bool weight_f32 = (c.weight != nullptr && c.weight->scalar_type() == at::kFloat) ||
                           (c.bias != nullptr && c.bias->scalar_type() == at::kFloat);
@@ -164,21 +164,21 @@ bool dispatch_dtypes(const NormBackwardCall& c) {
   return fits;
 }
 
-template <NormBackwardType kNorm, int kFeatures>
+template <NormType kNorm, int kFeatures>
 void dispatch_norm_backward(const NormBackwardCall& c) {
   if (!dispatch_dtypes<kNorm, kFeatures, /*kWholeRows=*/true>(c)) dispatch_norm_backward_chunked<kNorm>(c);
 }
 
-template <NormBackwardType kNorm>
+template <NormType kNorm>
 void dispatch_norm_backward_chunked(const NormBackwardCall& c) {
-  constexpr int kFeatures = kNorm == NormBackwardType::kNone ? kBackwardGated : kBackwardAllFeatures;
+  constexpr int kFeatures = kNorm == NormType::kNone ? kBackwardGated : kBackwardAllFeatures;
   const bool launched = dispatch_dtypes<kNorm, kFeatures, /*kWholeRows=*/false>(c);
   TORCH_CHECK(launched, c.op, ": no kernel for rows of ", c.dout->size(-1), " elements");
 }
 
 // Compiled once, in backward/rms.cu and backward/layer.cu.
-extern template void dispatch_norm_backward_chunked<NormBackwardType::kRms>(const NormBackwardCall&);
-extern template void dispatch_norm_backward_chunked<NormBackwardType::kLayer>(const NormBackwardCall&);
+extern template void dispatch_norm_backward_chunked<NormType::kRms>(const NormBackwardCall&);
+extern template void dispatch_norm_backward_chunked<NormType::kLayer>(const NormBackwardCall&);
 
 }  // namespace norm_backward_binding
 }  // namespace transformer_kernels

@@ -24,16 +24,12 @@
 #include "common/rows.cuh"
 #include "common/schedule.cuh"
 #include "common/vec.cuh"
+#include "norm/norm_common.cuh"
 #include "norm/norm_policy.cuh"
 
 namespace transformer_kernels {
 
-enum class NormType { kRms, kLayer };
 enum class PreAdd { kNone, kResidual, kGated };
-// Whole rows (one row group per row), or rows split into column chunks of a block each (a few very
-// wide rows would otherwise leave most SMs idle): the first kernel writes each chunk's statistics,
-// the second combines a row's statistics and normalizes its chunk.
-enum class NormPass { kWholeRow, kChunkStats, kChunkFromStats };
 
 template <typename T, typename weight_t, typename out_t>
 struct NormParams {
@@ -59,13 +55,12 @@ struct NormParams {
   // RMSNorm: round h * inv_rms to T before the weight multiply (HF transformers, diffusers).
   bool round_normalized = false;
   // Split rows (norm_split_chunks > 1): each row's chunks of split_chunk_elems columns, and their
-  // statistics [num_rows, split_chunks, kChunkStatFloats] (count, sum of squares or mean, M2).
+  // statistics [num_rows, split_chunks, ChunkStatFloats::kForward] (count, sum of squares or mean, M2).
   int split_chunks = 1;
   int split_chunk_elems = 0;
   float* split_stats = nullptr;
 };
 
-constexpr int kChunkStatFloats = 3;
 static_assert(NormPolicy::kSplitChunkElems % 8 == 0, "chunks start on a vector of every dtype");
 
 // A launch with the pointers' types erased and the types that give them back: what a binding fills
@@ -110,6 +105,7 @@ struct NormOp {
   static constexpr PreAdd kPreAdd = kPre;
   static constexpr bool kModulated = kMod;
   static constexpr bool kFused = kPre != PreAdd::kNone || kMod;
+  static_assert(kNorm != NormType::kNone, "the forward normalizes (gated_add alone is the elementwise kernel)");
   // Vectors each thread keeps in registers: fused norms have their own count; unfused ones one
   // for row groups and one for a block per row.
   template <int kThreadsPerRow>
@@ -128,7 +124,7 @@ namespace norm_detail {
 //                  split row's chunk statistics;
 //   store          the last pass: normalize, affine, modulation, store.
 // What changes across the passes (the cached vectors, the statistics) stays in norm_body's locals.
-template <typename Op, int kVec, int kThreadsPerRow, NormPass kPass>
+template <typename Op, int kVec, int kThreadsPerRow, RowPass kPass>
 struct NormRow {
   using T = typename Op::x_type;
   using weight_t = typename Op::weight_type;
@@ -138,8 +134,8 @@ struct NormRow {
   static constexpr PreAdd kPre = Op::kPreAdd;
   static constexpr bool kMod = Op::kModulated;
   static constexpr int kCachedVecs = Op::template cached_vecs<kThreadsPerRow>();
-  static constexpr bool kSplit = kPass != NormPass::kWholeRow;
-  static constexpr bool kFromStats = kPass == NormPass::kChunkFromStats;
+  static constexpr bool kSplit = kPass != RowPass::kWholeRow;
+  static constexpr bool kFromStats = kPass == RowPass::kChunkFromStats;
   static_assert(!kSplit || kThreadsPerRow == 0, "a split row's chunk takes a whole block");
   using Cached = vec[kCachedVecs];
 
@@ -254,8 +250,8 @@ struct NormRow {
   // chunk whose statistics it wrote (kChunkStats).
   TK_DEVICE bool statistics(float acc, const Cached& cached, float tail_h, float& mean, float& inv_std) const {
     // A chunk's statistics are over its own columns; the row's over all of them.
-    const float inv_n = 1.f / static_cast<float>(kPass == NormPass::kChunkStats ? hidden : p.hidden);
-    float* chunk_stats = kSplit ? p.split_stats + (row * p.split_chunks + blockIdx.x) * kChunkStatFloats : nullptr;
+    const float inv_n = 1.f / static_cast<float>(kPass == RowPass::kChunkStats ? hidden : p.hidden);
+    float* chunk_stats = kSplit ? p.split_stats + (row * p.split_chunks + blockIdx.x) * ChunkStatFloats::kForward : nullptr;
     auto write_chunk_stats = [&](float sum_or_mean, float m2) {
       if (threadIdx.x == 0) {
         chunk_stats[0] = static_cast<float>(hidden);
@@ -266,10 +262,10 @@ struct NormRow {
     if constexpr (kFromStats) {
       // The row's statistics from its chunks', combined in chunk order (the same bits in every
       // block): sums of squares added; LayerNorm's (count, mean, M2) by Chan et al.'s pairwise update.
-      const float* row_stats = p.split_stats + row * p.split_chunks * kChunkStatFloats;
+      const float* row_stats = p.split_stats + row * p.split_chunks * ChunkStatFloats::kForward;
       float count = 0.f, total = 0.f, m2 = 0.f;
       for (int c = 0; c < p.split_chunks; ++c) {
-        const float* s = row_stats + c * kChunkStatFloats;
+        const float* s = row_stats + c * ChunkStatFloats::kForward;
         if constexpr (kNorm == NormType::kRms) {
           total += s[1];
         } else {
@@ -283,7 +279,7 @@ struct NormRow {
       }
       inv_std = rsqrtf((kNorm == NormType::kRms ? total : m2) * inv_n + p.eps);
     } else if constexpr (kNorm == NormType::kRms) {
-      if constexpr (kPass == NormPass::kChunkStats) {
+      if constexpr (kPass == RowPass::kChunkStats) {
         write_chunk_stats(acc, 0.f);
         return false;
       }
@@ -314,7 +310,7 @@ struct NormRow {
       }
       // Its own shared array: no barrier between the two reductions (a block has one row).
       m2 = row_reduce_sum<kThreadsPerRow, /*kBuffer=*/1>(m2, lanes_with_rows);
-      if constexpr (kPass == NormPass::kChunkStats) {
+      if constexpr (kPass == RowPass::kChunkStats) {
         write_chunk_stats(mean, m2);
         return false;
       }
@@ -427,7 +423,7 @@ struct NormRow {
 };
 
 // The kernel body: kThreadsPerRow lanes a row (0: a block per row, or per chunk of a split row).
-template <typename Op, int kVec, int kThreadsPerRow, NormPass kPass>
+template <typename Op, int kVec, int kThreadsPerRow, RowPass kPass>
 TK_DEVICE void norm_body(const typename Op::Params& p) {
   using Row = NormRow<Op, kVec, kThreadsPerRow, kPass>;
   const RowGroup<kThreadsPerRow> group(p.num_rows);

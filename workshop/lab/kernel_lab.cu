@@ -363,7 +363,7 @@ std::vector<Case> make_cases() {
     if (split) {  // as the binding does for a few very wide rows (norm_split_chunks)
       p.split_chunks = norm_chunks(c);
       p.split_chunk_elems = NormPolicy::kSplitChunkElems;
-      CHECK(cudaMalloc(&p.split_stats, sizeof(float) * rows * p.split_chunks * kChunkStatFloats));
+      CHECK(cudaMalloc(&p.split_stats, sizeof(float) * rows * p.split_chunks * ChunkStatFloats::kForward));
     }
     add_case(cases, name, "norm", bytes * kBf16, kNormVariants, [p](auto policy) {
       return [p] { CHECK((norm<kType, kPre, kMod, policy_of<decltype(policy)>>(p, 0))); };

@@ -3,5 +3,5 @@
 #include "norm/norm_backward_dispatch.cuh"
 
 namespace transformer_kernels::norm_backward_binding {
-template void dispatch_norm_backward<NormBackwardType::kNone, kBackwardGated>(const NormBackwardCall&);
+template void dispatch_norm_backward<NormType::kNone, kBackwardGated>(const NormBackwardCall&);
 }  // namespace transformer_kernels::norm_backward_binding

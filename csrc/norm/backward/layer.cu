@@ -3,6 +3,6 @@
 #include "norm/norm_backward_dispatch.cuh"
 
 namespace transformer_kernels::norm_backward_binding {
-template void dispatch_norm_backward<NormBackwardType::kLayer, kBackwardAffine>(const NormBackwardCall&);
-template void dispatch_norm_backward_chunked<NormBackwardType::kLayer>(const NormBackwardCall&);
+template void dispatch_norm_backward<NormType::kLayer, kBackwardAffine>(const NormBackwardCall&);
+template void dispatch_norm_backward_chunked<NormType::kLayer>(const NormBackwardCall&);
 }  // namespace transformer_kernels::norm_backward_binding

@@ -3,8 +3,8 @@
 #include "norm/norm_backward_dispatch.cuh"
 
 namespace transformer_kernels::norm_backward_binding {
-template void dispatch_norm_backward<NormBackwardType::kLayer, kBackwardMod>(const NormBackwardCall&);
-template void dispatch_norm_backward<NormBackwardType::kLayer, kBackwardMod | kBackwardAffine>(const NormBackwardCall&);
-template void dispatch_norm_backward<NormBackwardType::kLayer, kBackwardMod | kBackwardGated>(const NormBackwardCall&);
-template void dispatch_norm_backward<NormBackwardType::kLayer, kBackwardAllFeatures>(const NormBackwardCall&);
+template void dispatch_norm_backward<NormType::kLayer, kBackwardMod>(const NormBackwardCall&);
+template void dispatch_norm_backward<NormType::kLayer, kBackwardMod | kBackwardAffine>(const NormBackwardCall&);
+template void dispatch_norm_backward<NormType::kLayer, kBackwardMod | kBackwardGated>(const NormBackwardCall&);
+template void dispatch_norm_backward<NormType::kLayer, kBackwardAllFeatures>(const NormBackwardCall&);
 }  // namespace transformer_kernels::norm_backward_binding

@@ -3,6 +3,6 @@
 #include "norm/norm_backward_dispatch.cuh"
 
 namespace transformer_kernels::norm_backward_binding {
-template void dispatch_norm_backward<NormBackwardType::kRms, kBackwardAffine>(const NormBackwardCall&);
-template void dispatch_norm_backward_chunked<NormBackwardType::kRms>(const NormBackwardCall&);
+template void dispatch_norm_backward<NormType::kRms, kBackwardAffine>(const NormBackwardCall&);
+template void dispatch_norm_backward_chunked<NormType::kRms>(const NormBackwardCall&);
 }  // namespace transformer_kernels::norm_backward_binding

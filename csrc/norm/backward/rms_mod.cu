@@ -3,8 +3,8 @@
 #include "norm/norm_backward_dispatch.cuh"
 
 namespace transformer_kernels::norm_backward_binding {
-template void dispatch_norm_backward<NormBackwardType::kRms, kBackwardMod>(const NormBackwardCall&);
-template void dispatch_norm_backward<NormBackwardType::kRms, kBackwardMod | kBackwardAffine>(const NormBackwardCall&);
-template void dispatch_norm_backward<NormBackwardType::kRms, kBackwardMod | kBackwardGated>(const NormBackwardCall&);
-template void dispatch_norm_backward<NormBackwardType::kRms, kBackwardAllFeatures>(const NormBackwardCall&);
+template void dispatch_norm_backward<NormType::kRms, kBackwardMod>(const NormBackwardCall&);
+template void dispatch_norm_backward<NormType::kRms, kBackwardMod | kBackwardAffine>(const NormBackwardCall&);
+template void dispatch_norm_backward<NormType::kRms, kBackwardMod | kBackwardGated>(const NormBackwardCall&);
+template void dispatch_norm_backward<NormType::kRms, kBackwardAllFeatures>(const NormBackwardCall&);
 }  // namespace transformer_kernels::norm_backward_binding
