@@ -12,7 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPORTED = re.compile(r"(?:PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS) (tests/\S+)")
+# A node id runs to the end of its line: parametrized ids may hold spaces ("(2, 77)").
+REPORTED = re.compile(r"(?:PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS) (tests/\S.*?)\s*$", re.MULTILINE)
 
 
 def main():

@@ -106,3 +106,55 @@ def test_probe_report_splits_by_step():
     assert summarize.probe_report(log).splitlines() == [
         "before the first step: no errors", "probe a: first: {'void at::native::copy_kernel<float>': 1}",
         "probe b: second: no errors"]
+
+
+GELU = "void transformer_kernels::kernel_entry<transformer_kernels::ElementwiseParams<__half>>"
+
+
+def host_copy_error(address: int, size: int) -> str:
+    return (f"========= Host API memory access error at host access to {address:#x} of size {size:,} bytes\n"
+            f"=========     Uninitialized access to {address:#x} on access by cudaMemcpy source\n"
+            "=========     Saved host backtrace up to driver entry point at error\n"
+            "=========         Host Frame: cudaMemcpyAsync [0x70eec] in libcudart.so.13\n=========\n")
+
+
+def read_error(kernel: str, address: int) -> str:
+    return (f"========= Uninitialized __global__ memory read of size 16 bytes\n=========     at {kernel}(T1)+0x2610\n"
+            f"=========     by thread (0,0,0) in block (0,0,0)\n=========     Address {address:#x}\n"
+            "=========     Saved host backtrace up to driver entry point at kernel launch time\n"
+            "=========         Host Frame: cudaLaunchKernel [0x745b7] in libcudart.so.13\n=========\n")
+
+
+def probe_log(read_address: int, copy_reported: bool = True) -> str:
+    base = 0x7f0000000000
+    return ("probe torch.float16: F.linear, then torch's copy of its output\n"
+            + (host_copy_error(base, 1920) if copy_reported else "")
+            + "probe torch.float16: our gelu reading F.linear's output itself, into a fresh output\n"
+            + read_error(GELU, base) + read_error(GELU, read_address) + "probe end\n")
+
+
+def test_a_host_copy_of_uninitialized_memory_is_attributed_to_the_api():
+    log = host_copy_error(0x7f0000000000, 1920) + "========= ERROR SUMMARY: 1 error\n"
+    assert summarize.errors_by_kernel(log) == {"host API: cudaMemcpy source": 1}
+    assert summarize.tool_is_clean(summarize.summarize_tool(log + "driver: 1 calls in 1 s, 0 failures\n"))
+
+
+def test_gemm_stores_untracked_needs_the_copy_reported_and_every_read_inside_the_output():
+    base = 0x7f0000000000
+    assert summarize.gemm_stores_untracked(probe_log(base + 1904))
+    assert not summarize.gemm_stores_untracked(probe_log(base + 1920)), "a read past the GEMM's output"
+    assert not summarize.gemm_stores_untracked(probe_log(base + 16, copy_reported=False)), \
+        "initcheck saw the GEMM's stores: the reads are real"
+    assert not summarize.gemm_stores_untracked("probe end\n")
+
+
+def test_only_linear_gelu_calls_reads_of_gemm_output_are_counted_apart():
+    log = ("driver: 2 calls (2 entries, 1 dtypes, cases strided); op namespace _transformer_kernels_cuda_abc1234\n"
+           "[1/2] linear_gelu[no_bias] strided float16\n" + read_error(GELU, 0x7f0000000000)
+           + "[2/2] gelu strided float16\n" + read_error(GELU, 0x7f0000001000)
+           + "driver: 2 calls in 1 s, 0 failures\n========= ERROR SUMMARY: 2 errors\n")
+    apart = summarize.summarize_tool(log, gemm_stores_unseen=True)
+    assert apart["gemm_output_reads_unseen"] == 1 and apart["errors_in_our_kernels"] == 1
+    assert not summarize.tool_is_clean(apart), "the gelu call's uninitialized read is ours"
+    plain = summarize.summarize_tool(log)
+    assert plain["gemm_output_reads_unseen"] == 0 and plain["errors_in_our_kernels"] == 2
