@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cstring>
 #include <type_traits>
 
 namespace transformer_kernels {
@@ -34,6 +35,21 @@ decltype(auto) with_float_type(FloatType type, F&& f) {
     case FloatType::kFloat32: break;
   }
   return f(type_tag<float>{});
+}
+
+// A launch's params with its pointers' types given back (or erased: retyped<void, void, void>):
+// the instantiations of one params template differ only in their pointees, so they share one
+// layout and the bytes carry over as they are (no field list to keep in step with the struct).
+template <typename... To, template <typename...> class Params, typename... From>
+Params<To...> retyped(const Params<From...>& from) {
+  using Result = Params<To...>;
+  static_assert(sizeof(Result) == sizeof(from) && alignof(Result) == alignof(Params<From...>),
+                "instantiations of one params template share one layout");
+  static_assert(std::is_trivially_copyable_v<Result> && std::is_trivially_copyable_v<Params<From...>>,
+                "params are copied as bytes");
+  Result to;
+  std::memcpy(static_cast<void*>(&to), &from, sizeof to);
+  return to;
 }
 
 }  // namespace transformer_kernels

@@ -1,5 +1,5 @@
-// Torch entry points of the normalization family: validate, allocate, and hand the launch to
-// launch_norm (compiled per fused variant in instances/, on the current stream of x's device).
+// Torch entry points of the normalization family: validate, allocate, and hand the launch to the
+// launcher of its fused variant (compiled in instances/, on the current stream of x's device).
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
@@ -116,43 +116,34 @@ void check_instantiated_dtypes(const NormCall& c) {
               ": no kernel for a weight and a bias of different dtypes");
 }
 
-// The (norm, pre-add, modulation) combinations the ops use; nothing else is instantiated.
-template <NormType kNorm, PreAdd kPre, bool kMod>
-void run(const NormCall& c) {
+// Launches c with its variant's launcher. A few very wide rows are split across blocks, with a
+// workspace for their chunks' statistics (freed after the launches: the caching allocator reuses it
+// only for later work on this stream). The modulated norms do not split rows (norm.cuh).
+void run(const NormCall& c, const NormVariant& variant) {
   NormLaunch l = launch_params(c);
   NormParams<void, void, void>& p = l.params;
-  // A few very wide rows are split across blocks, with a workspace for their chunks' statistics
-  // (freed after the launches: the caching allocator reuses it only for later work on this stream).
-  // The modulated norms do not split rows (norm.cuh).
+  const bool modulated = std::get<2>(variant.key);
   at::Tensor split_stats;
-  if constexpr (!kMod)
+  if (!modulated)
     p.split_chunks = norm_split_chunks(p.num_rows, p.hidden, at::cuda::getCurrentDeviceProperties()->multiProcessorCount);
   if (p.split_chunks > 1) {
     split_stats = empty_tensor({p.num_rows * p.split_chunks * ChunkStatFloats::kForward}, c.x->options().dtype(at::kFloat));
     p.split_stats = split_stats.data_ptr<float>();
     p.split_chunk_elems = NormPolicy::kSplitChunkElems;
   }
-  const cudaError_t err = launch_norm<kNorm, kPre, kMod>(l, at::cuda::getCurrentCUDAStream());
+  const cudaError_t err = variant.launch(l, at::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, c.op, ": kernel launch failed: ", cudaGetErrorString(err));
 }
 
+// The combination's compiled variant (instances/) is looked up before the meta return, so that an
+// op's fake refuses a combination that has no kernel, as the kernel does.
 void launch_norm_call(const NormCall& c) {
   check_instantiated_dtypes(c);
+  const NormVariant* variant = VariantRegistry<NormVariant>::find(std::make_tuple(c.type, c.pre, c.scale != nullptr));
+  TORCH_CHECK(variant != nullptr, c.op, ": unsupported norm/pre-add/modulation combination");
   if (validation_only(*c.x)) return;
   const at::cuda::OptionalCUDAGuard device_guard(c.x->device());
-  const bool mod = c.scale != nullptr;
-  using N = NormType;
-  using P = PreAdd;
-  if (c.type == N::kRms && c.pre == P::kNone && !mod) return run<N::kRms, P::kNone, false>(c);
-  if (c.type == N::kRms && c.pre == P::kNone && mod) return run<N::kRms, P::kNone, true>(c);
-  if (c.type == N::kRms && c.pre == P::kResidual && !mod) return run<N::kRms, P::kResidual, false>(c);
-  if (c.type == N::kRms && c.pre == P::kResidual && mod) return run<N::kRms, P::kResidual, true>(c);
-  if (c.type == N::kRms && c.pre == P::kGated && mod) return run<N::kRms, P::kGated, true>(c);
-  if (c.type == N::kLayer && c.pre == P::kNone && !mod) return run<N::kLayer, P::kNone, false>(c);
-  if (c.type == N::kLayer && c.pre == P::kNone && mod) return run<N::kLayer, P::kNone, true>(c);
-  if (c.type == N::kLayer && c.pre == P::kResidual && mod) return run<N::kLayer, P::kResidual, true>(c);
-  if (c.type == N::kLayer && c.pre == P::kGated && mod) return run<N::kLayer, P::kGated, true>(c);
-  TORCH_CHECK(false, c.op, ": unsupported norm/pre-add/modulation combination");
+  run(c, *variant);
 }
 
 at::Tensor empty_like_rows(const at::Tensor& x, c10::ScalarType dtype) {

@@ -1,7 +1,8 @@
 // Torch entry points of the norm family's backward ops (and gated_add's): validate, allocate the
-// gradients asked for, and hand the launch to dispatch_norm_backward (compiled per variant in
-// backward/, on the current stream of x's device). Gradients not asked for in output_mask, or of
-// an absent parameter, come back as empty 1-D tensors of x's dtype.
+// gradients asked for, and hand the launch to the planner and launcher of its (norm, features)
+// combination (compiled in backward/, on the current stream of x's device). Gradients not asked for
+// in output_mask, or of an absent parameter, come back as empty 1-D tensors of x's dtype.
+#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
 #include <array>
@@ -11,13 +12,14 @@
 
 #include "common/alloc.h"
 #include "common/checks.h"
+#include "common/dispatch.h"
+#include "common/variants.h"
 #include "norm/norm_backward_call.h"
 #include "norm/ops.h"
 
 namespace transformer_kernels {
 namespace {
 
-using norm_backward_binding::dispatch_norm_backward;
 using norm_backward_binding::NormBackwardCall;
 using OptTensor = std::optional<at::Tensor>;
 
@@ -47,9 +49,132 @@ NormType resolve_norm_type(const char* op, std::string_view norm) {
   TORCH_CHECK_VALUE(false, op, ": norm must be \"rms\" or \"layer\", got \"", norm, "\"");
 }
 
-// The (norm, features) kernels the ops use; nothing else is instantiated.
+// How the gradient of a parameter broadcast to x is formed: row by row (segment_rows 1: the
+// parameter has a row per row of x), reduced over segments of segment_rows consecutive rows (its
+// leading dimensions are x's up to one, size 1 from there on: [hidden], [B, 1, hidden], [B, F, 1,
+// hidden]), or, for any other broadcast ([1, S, hidden]), row by row into a temporary of x's shape
+// that torch then sums to the parameter's shape (sum_after: in fp32, rounded once).
+struct GradLayout {
+  int64_t segment_rows;
+  bool sum_after;
+};
+
+GradLayout grad_layout(const at::Tensor& param, const at::Tensor& x) {
+  const int64_t lead = x.dim() - 1;
+  const int64_t offset = lead - (param.dim() - 1);  // the parameter's leading dims, right-aligned
+  auto param_size = [&](int64_t d) { return d < offset ? int64_t{1} : param.size(d - offset); };
+  int64_t first_broadcast = lead;
+  for (int64_t d = 0; d < lead && first_broadcast == lead; ++d)
+    if (param_size(d) == 1 && x.size(d) > 1) first_broadcast = d;
+  int64_t segment_rows = 1;
+  for (int64_t d = first_broadcast; d < lead; ++d) {
+    if (x.size(d) > 1 && param_size(d) != 1) return {1, true};
+    segment_rows *= x.size(d);
+  }
+  return {segment_rows, false};
+}
+
+// The parameters whose gradients the ParamGrad slots hold.
+std::array<const at::Tensor*, kNumParamGrads> grad_params(const NormBackwardCall& c) {
+  return {c.weight, c.bias, c.scale, c.shift, c.gate};
+}
+
+// The launch's parameters, pointers type-erased (the planners and launchers in backward/ give them
+// types), and the gradient outputs as the kernels write them: `sum_after` gets the row-by-row fp32
+// temporaries that torch sums to their parameters' shapes afterwards.
+NormBackwardLaunch backward_params(const NormBackwardCall& c, const at::Tensor& x,
+                                   std::array<at::Tensor, kNumParamGrads>& sum_after) {
+  NormBackwardLaunch l;
+  l.x_type = float_type(x.scalar_type(), "x");
+  const at::Tensor* param = c.weight != nullptr ? c.weight : c.bias;  // weight and bias share one dtype (checked)
+  l.weight_type = param != nullptr ? float_type(param->scalar_type(), "weight") : l.x_type;
+  l.grad_type = float_type(c.dout->scalar_type(), "grad_out");
+  NormBackwardParams<void, void, void>& p = l.params;
+  p.dout = c.dout->const_data_ptr();
+  p.dout_rows = row_indexer(c.op, *c.dout, "grad_out");
+  if (c.dh_in != nullptr) {
+    p.dh_in = c.dh_in->const_data_ptr();
+    p.dh_in_rows = row_indexer(c.op, *c.dh_in, "grad_h");
+  }
+  if (c.h != nullptr) {
+    p.h = c.h->const_data_ptr();
+    p.h_rows = row_indexer(c.op, *c.h, "x");
+  }
+  if (c.weight != nullptr) p.weight = c.weight->const_data_ptr();
+  if (c.bias != nullptr) p.bias = c.bias->const_data_ptr();
+  if (c.scale != nullptr) {
+    p.scale = c.scale->const_data_ptr();
+    p.scale_rows = broadcast_row_indexer(c.op, *c.scale, "scale", x);
+  }
+  if (c.y != nullptr) {
+    p.y = c.y->const_data_ptr();
+    p.y_rows = row_indexer(c.op, *c.y, "y");
+  }
+  if (c.gate != nullptr) {
+    p.gate = c.gate->const_data_ptr();
+    p.gate_rows = broadcast_row_indexer(c.op, *c.gate, "gate", x);
+  }
+  if (c.dh != nullptr) p.dh = c.dh->data_ptr();
+  if (c.dy != nullptr) p.dy = c.dy->data_ptr();
+  p.num_rows = num_rows(x);
+  p.hidden = x.size(-1);
+  p.eps = static_cast<float>(c.eps);
+  set_segment_rows(p);
+
+  const auto params = grad_params(c);
+  for (int i = 0; i < kNumParamGrads; ++i) {
+    at::Tensor* grad = c.grads[i];
+    if (grad == nullptr) continue;
+    if (i == kGradWeight || i == kGradBias) {
+      p.reduced[i] = grad->data_ptr();
+      p.reduced_segment_rows[i] = p.num_rows;
+      continue;
+    }
+    const GradLayout layout = grad_layout(*params[i], x);
+    if (layout.sum_after) {  // fp32 rows: rows rounded to T before the sum would add a rounding each
+      sum_after[i] = empty_tensor(x.sizes(), x.options().dtype(at::kFloat));
+      p.full_f32[i] = sum_after[i].data_ptr<float>();
+    } else if (layout.segment_rows == 1) {
+      p.full[i] = grad->data_ptr();
+    } else {
+      p.reduced[i] = grad->data_ptr();
+      p.reduced_segment_rows[i] = layout.segment_rows;
+    }
+  }
+  return l;
+}
+
+// What the backward's kernels compute beyond the norm (kBackward*): the modulation, the gated
+// pre-add, the weight and bias. The unmodulated norms' kernels take the weight whether or not it
+// is there; gated_add has the gated pre-add alone.
+int backward_features(const NormBackwardCall& c) {
+  if (c.type == NormType::kNone) return kBackwardGated;
+  if (c.scale == nullptr) return kBackwardAffine;
+  const bool affine = c.weight != nullptr || c.bias != nullptr;
+  return kBackwardMod | (c.gate != nullptr ? kBackwardGated : 0) | (affine ? kBackwardAffine : 0);
+}
+
+const NormBackwardVariant& find_variant(const NormBackwardCall& c, int features, bool whole_rows) {
+  const NormBackwardVariant* variant =
+      VariantRegistry<NormBackwardVariant>::find(std::make_tuple(c.type, features, whole_rows));
+  TORCH_CHECK(variant != nullptr, c.op, ": unsupported norm/features combination");
+  return *variant;
+}
+
+void check_served(const NormBackwardCall& c, const at::Tensor& x, cudaError_t err) {
+  TORCH_CHECK(err != cudaErrorNotSupported, c.op, ": unsupported dtypes: x ", x.scalar_type(), ", weight ",
+              c.weight != nullptr ? c.weight->scalar_type() : x.scalar_type(), ", grad_out ", c.dout->scalar_type());
+  TORCH_CHECK(err == cudaSuccess, c.op, ": planning failed: ", cudaGetErrorString(err));
+}
+
+// The whole-row kernel of the call's (norm, features) where it takes the rows, else the chunked
+// form of its norm (all features), which takes any layout. The variants are looked up before the
+// meta return, so that an op's fake refuses a combination that has no kernel, as the kernel does.
 void launch_norm_backward_call(const NormBackwardCall& c) {
   const at::Tensor& x = c.h != nullptr ? *c.h : *c.dout;
+  const NormBackwardVariant& whole_rows = find_variant(c, backward_features(c), true);
+  const NormBackwardVariant& chunked =
+      find_variant(c, c.type == NormType::kNone ? kBackwardGated : kBackwardAllFeatures, false);
   if (validation_only(x)) return;
   const at::cuda::OptionalCUDAGuard device_guard(x.device());
   if (num_rows(x) == 0) {  // no rows: the reduced gradients are sums of nothing
@@ -57,19 +182,40 @@ void launch_norm_backward_call(const NormBackwardCall& c) {
       if (g != nullptr) g->zero_();
     return;
   }
-  using N = NormType;
-  const bool mod = c.scale != nullptr, gated = c.gate != nullptr, affine = c.weight != nullptr || c.bias != nullptr;
-  if (c.type == N::kNone) return dispatch_norm_backward<N::kNone, kBackwardGated>(c);
-  if (!mod) {
-    return c.type == N::kRms ? dispatch_norm_backward<N::kRms, kBackwardAffine>(c)
-                             : dispatch_norm_backward<N::kLayer, kBackwardAffine>(c);
+  std::array<at::Tensor, kNumParamGrads> sum_after;
+  NormBackwardLaunch l = backward_params(c, x, sum_after);
+  const NormBackwardLaunch unplanned = l;
+  const int sm_count = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  NormBackwardPlan plan;
+  bool fits = false;
+  check_served(c, x, whole_rows.plan(l, sm_count, &plan, &fits));
+  const NormBackwardVariant* variant = &whole_rows;
+  if (!fits) {
+    l = unplanned;
+    plan = NormBackwardPlan{};
+    check_served(c, x, chunked.plan(l, sm_count, &plan, &fits));
+    TORCH_CHECK(fits, c.op, ": no kernel for rows of ", c.dout->size(-1), " elements");
+    variant = &chunked;
   }
-  const bool rms = c.type == N::kRms;
-  constexpr int M = kBackwardMod, G = kBackwardGated, A = kBackwardAffine;
-  if (!gated && !affine) return rms ? dispatch_norm_backward<N::kRms, M>(c) : dispatch_norm_backward<N::kLayer, M>(c);
-  if (!gated) return rms ? dispatch_norm_backward<N::kRms, M | A>(c) : dispatch_norm_backward<N::kLayer, M | A>(c);
-  if (!affine) return rms ? dispatch_norm_backward<N::kRms, M | G>(c) : dispatch_norm_backward<N::kLayer, M | G>(c);
-  return rms ? dispatch_norm_backward<N::kRms, M | G | A>(c) : dispatch_norm_backward<N::kLayer, M | G | A>(c);
+  // Workspaces after the outputs (which the caller allocated first): freed after the launches,
+  // the caching allocator reuses them only for later work on this stream.
+  NormBackwardParams<void, void, void>& p = l.params;
+  std::array<at::Tensor, kNumParamGrads> partials;
+  for (int i = 0; i < kNumParamGrads; ++i) {
+    if (p.reduced[i] == nullptr) continue;
+    partials[i] = empty_tensor({plan.items, p.hidden}, x.options().dtype(at::kFloat));
+    p.partials[i] = partials[i].data_ptr<float>();
+  }
+  at::Tensor chunk_stats;
+  if (c.type != NormType::kNone && plan.chunked) {
+    chunk_stats = empty_tensor({p.num_rows * p.chunks * ChunkStatFloats::kBackward}, x.options().dtype(at::kFloat));
+    p.chunk_stats = chunk_stats.data_ptr<float>();
+  }
+  const cudaError_t err = variant->launch(l, plan, at::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, c.op, ": kernel launch failed: ", cudaGetErrorString(err));
+  const auto params = grad_params(c);
+  for (int i = 0; i < kNumParamGrads; ++i)
+    if (sum_after[i].defined()) c.grads[i]->copy_(sum_after[i].sum_to_size(params[i]->sizes()));
 }
 
 bool anything_asked(const NormBackwardCall& c) {

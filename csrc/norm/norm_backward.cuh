@@ -28,8 +28,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <tuple>
 #include <type_traits>
 
+#include "common/float_type.h"
 #include "common/kernel.cuh"
 #include "common/math.cuh"
 #include "common/reduce.cuh"
@@ -583,5 +585,25 @@ cudaError_t norm_backward(const NormBackwardParams<T, W, G>& p, const NormBackwa
   err = column_sums(weights, stream);
   return err != cudaSuccess ? err : column_sums(others, stream);
 }
+
+// A backward with the pointers' types erased and the types that give them back: what the binding
+// fills for the planners and launchers compiled in backward/ (norm_backward_instances.cuh).
+struct NormBackwardLaunch {
+  FloatType x_type;       // T: h, dh_in, scale, y, gate, dh, dy and the full-row gradients
+  FloatType weight_type;  // weight and bias (x's where there are none)
+  FloatType grad_type;    // dout
+  NormBackwardParams<void, void, void> params;
+};
+
+// One compiled (norm, features, whole rows or chunked) combination, for a NormBackwardLaunch of
+// any dtypes it serves (others: cudaErrorNotSupported). backward/*.cu register theirs; the binding
+// finds them by key.
+struct NormBackwardVariant {
+  std::tuple<NormType, int, bool> key;  // the norm, its features (kBackward*), whole rows
+  // plan_norm_backward into l.params and *plan; *fits false: the whole-row kernel cannot take the rows.
+  cudaError_t (*plan)(NormBackwardLaunch& l, int sm_count, NormBackwardPlan* plan, bool* fits);
+  // norm_backward as planned, l's workspaces allocated.
+  cudaError_t (*launch)(const NormBackwardLaunch& l, const NormBackwardPlan& plan, cudaStream_t stream);
+};
 
 }  // namespace transformer_kernels

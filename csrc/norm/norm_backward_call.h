@@ -1,6 +1,7 @@
-// What the norm backward bindings hand to the kernel dispatch: one backward's tensors. The dispatch
-// for each (norm, features) combination is compiled in its own file under backward/ (they build in
-// parallel); norm_backward.cu validates, allocates the outputs and calls dispatch_norm_backward.
+// What the norm backward bindings build for one backward: its tensors (NormBackwardCall).
+// norm_backward.cu validates, allocates the outputs, fills a NormBackwardLaunch from the call and
+// hands it to the planner and launcher of its (norm, features) combination, compiled in backward/
+// and found in the VariantRegistry<NormBackwardVariant> (norm_backward_instances.cuh).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -30,15 +31,6 @@ struct NormBackwardCall {
   at::Tensor* dy = nullptr;
   at::Tensor* grads[kNumParamGrads] = {};
 };
-
-// Picks the kernel for the dtypes (x's T; weight T or fp32; dout T, or fp32 for RMSNorm's fp32
-// output) and launches it on the current stream: whole rows where a row group holds them, column
-// chunks (dispatch_norm_backward_chunked) otherwise. Rows and hidden > 0.
-template <NormType kNorm, int kFeatures>
-void dispatch_norm_backward(const NormBackwardCall& c);
-
-template <NormType kNorm>
-void dispatch_norm_backward_chunked(const NormBackwardCall& c);
 
 }  // namespace norm_backward_binding
 }  // namespace transformer_kernels

@@ -1,12 +1,13 @@
-// What the norm bindings build for one launch: its tensors (NormCall), and the torch-free
-// launchers they call, one per (norm, pre-add, modulation) combination, compiled in instances/
-// (norm_instances.cuh).
+// What the norm bindings build for one launch: its tensors (NormCall). The torch-free launchers they
+// call, one per (norm, pre-add, modulation) combination, are compiled in instances/ and found in the
+// VariantRegistry<NormVariant> (norm_instances.cuh).
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 #include <optional>
 
+#include "common/variants.h"
 #include "norm/norm.cuh"
 
 namespace transformer_kernels {
@@ -37,10 +38,5 @@ struct NormCall {
 };
 
 }  // namespace norm_binding
-
-// Launches the kernel for l's dtypes on `stream` (norm_instances.cuh); instantiated in instances/*.cu
-// for the combinations the ops use.
-template <NormType kNorm, PreAdd kPre, bool kMod>
-cudaError_t launch_norm(const NormLaunch& l, cudaStream_t stream);
 
 }  // namespace transformer_kernels

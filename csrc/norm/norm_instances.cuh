@@ -1,6 +1,7 @@
-// The norm launchers the bindings call (norm_call.h), defined for the instantiation files in
-// instances/: each (norm, pre-add, modulation) combination compiles in its own torch-free unit, so
-// that they build in parallel and none parses torch's headers once per architecture.
+// The norm launchers, defined for the instantiation files in instances/: each (norm, pre-add,
+// modulation) combination compiles in a torch-free unit (they build in parallel, and none parses
+// torch's headers once per architecture) and registers itself (RegisterNormVariant), so that the
+// binding (norm.cu) finds it by key.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -8,6 +9,7 @@
 #include <type_traits>
 
 #include "common/float_type.h"
+#include "common/variants.h"
 #include "norm/norm.cuh"
 
 namespace transformer_kernels {
@@ -33,5 +35,11 @@ cudaError_t launch_norm(const NormLaunch& l, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   });
 }
+
+// An instances/ unit's registration of launch_norm<kNorm, kPre, kMod> (which it compiles).
+template <NormType kNorm, PreAdd kPre, bool kMod>
+struct RegisterNormVariant : RegisterVariant<NormVariant> {
+  RegisterNormVariant() : RegisterVariant<NormVariant>({{kNorm, kPre, kMod}, &launch_norm<kNorm, kPre, kMod>}) {}
+};
 
 }  // namespace transformer_kernels

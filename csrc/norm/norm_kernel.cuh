@@ -16,6 +16,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <tuple>
 #include <type_traits>
 
 #include "common/float_type.h"
@@ -72,23 +73,12 @@ struct NormLaunch {
   NormParams<void, void, void> params;
 };
 
-// `p` with the pointers typed.
-template <typename T, typename W, typename O>
-NormParams<T, W, O> retyped(const NormParams<void, void, void>& p) {
-  NormParams<T, W, O> t;
-  t.x = static_cast<const T*>(p.x), t.x_rows = p.x_rows;
-  t.residual = static_cast<const T*>(p.residual), t.residual_rows = p.residual_rows;
-  t.gate = static_cast<const T*>(p.gate), t.gate_rows = p.gate_rows;
-  t.weight = static_cast<const W*>(p.weight);
-  t.bias = static_cast<const W*>(p.bias);
-  t.scale = static_cast<const T*>(p.scale), t.scale_rows = p.scale_rows;
-  t.shift = static_cast<const T*>(p.shift), t.shift_rows = p.shift_rows;
-  t.out = static_cast<O*>(p.out), t.out_rows = p.out_rows;
-  t.h_out = static_cast<T*>(p.h_out), t.h_rows = p.h_rows;
-  t.num_rows = p.num_rows, t.hidden = p.hidden, t.eps = p.eps, t.round_normalized = p.round_normalized;
-  t.split_chunks = p.split_chunks, t.split_chunk_elems = p.split_chunk_elems, t.split_stats = p.split_stats;
-  return t;
-}
+// One compiled (norm, pre-add, modulation) combination: its launcher for a NormLaunch of any dtypes
+// it serves (norm_instances.cuh). instances/*.cu register theirs; the binding finds them by key.
+struct NormVariant {
+  std::tuple<NormType, PreAdd, bool> key;  // the norm, the pre-add, modulated
+  cudaError_t (*launch)(const NormLaunch&, cudaStream_t);
+};
 
 // What a norm kernel computes: x's dtype T, the weight's and the output's, the norm, the pre-add
 // and the modulation (kMod: AdaLN scale, optional shift); and the policy it is compiled with.

@@ -1,7 +1,10 @@
-// Backward kernel instantiations: gated_add (x + gate * y, no norm), whose gate gradient is the
+// Backward kernels: gated_add (x + gate * y, no norm), whose gate gradient is the
 // modulations' broadcast reduction.
-#include "norm/norm_backward_dispatch.cuh"
+#include "norm/norm_backward_instances.cuh"
 
-namespace transformer_kernels::norm_backward_binding {
-template void dispatch_norm_backward<NormType::kNone, kBackwardGated>(const NormBackwardCall&);
-}  // namespace transformer_kernels::norm_backward_binding
+namespace transformer_kernels {
+namespace {
+const RegisterNormBackwardVariant<NormType::kNone, kBackwardGated, true> kNoneGated;
+const RegisterNormBackwardVariant<NormType::kNone, kBackwardGated, false> kNoneGatedChunked;
+}  // namespace
+}  // namespace transformer_kernels

@@ -1,10 +1,12 @@
-// Backward kernel instantiations of the norm family: the modulated RMSNorms (norm_modulate,
+// Backward kernels of the norm family: the modulated RMSNorms (norm_modulate,
 // gated_add_norm_modulate), with and without the gated pre-add and the weight.
-#include "norm/norm_backward_dispatch.cuh"
+#include "norm/norm_backward_instances.cuh"
 
-namespace transformer_kernels::norm_backward_binding {
-template void dispatch_norm_backward<NormType::kRms, kBackwardMod>(const NormBackwardCall&);
-template void dispatch_norm_backward<NormType::kRms, kBackwardMod | kBackwardAffine>(const NormBackwardCall&);
-template void dispatch_norm_backward<NormType::kRms, kBackwardMod | kBackwardGated>(const NormBackwardCall&);
-template void dispatch_norm_backward<NormType::kRms, kBackwardAllFeatures>(const NormBackwardCall&);
-}  // namespace transformer_kernels::norm_backward_binding
+namespace transformer_kernels {
+namespace {
+const RegisterNormBackwardVariant<NormType::kRms, kBackwardMod, true> kRmsMod;
+const RegisterNormBackwardVariant<NormType::kRms, kBackwardMod | kBackwardAffine, true> kRmsModAffine;
+const RegisterNormBackwardVariant<NormType::kRms, kBackwardMod | kBackwardGated, true> kRmsModGated;
+const RegisterNormBackwardVariant<NormType::kRms, kBackwardAllFeatures, true> kRmsAllFeatures;
+}  // namespace
+}  // namespace transformer_kernels

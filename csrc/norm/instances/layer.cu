@@ -2,6 +2,8 @@
 #include "norm/norm_instances.cuh"
 
 namespace transformer_kernels {
-template cudaError_t launch_norm<NormType::kLayer, PreAdd::kNone, false>(const NormLaunch&, cudaStream_t);
-template cudaError_t launch_norm<NormType::kLayer, PreAdd::kNone, true>(const NormLaunch&, cudaStream_t);
+namespace {
+const RegisterNormVariant<NormType::kLayer, PreAdd::kNone, false> kLayer;
+const RegisterNormVariant<NormType::kLayer, PreAdd::kNone, true> kLayerModulated;
+}  // namespace
 }  // namespace transformer_kernels

@@ -2,6 +2,8 @@
 #include "norm/norm_instances.cuh"
 
 namespace transformer_kernels {
-template cudaError_t launch_norm<NormType::kLayer, PreAdd::kResidual, true>(const NormLaunch&, cudaStream_t);
-template cudaError_t launch_norm<NormType::kLayer, PreAdd::kGated, true>(const NormLaunch&, cudaStream_t);
+namespace {
+const RegisterNormVariant<NormType::kLayer, PreAdd::kResidual, true> kLayerResidualModulated;
+const RegisterNormVariant<NormType::kLayer, PreAdd::kGated, true> kLayerGatedModulated;
+}  // namespace
 }  // namespace transformer_kernels

@@ -2,6 +2,8 @@
 #include "norm/norm_instances.cuh"
 
 namespace transformer_kernels {
-template cudaError_t launch_norm<NormType::kRms, PreAdd::kNone, false>(const NormLaunch&, cudaStream_t);
-template cudaError_t launch_norm<NormType::kRms, PreAdd::kNone, true>(const NormLaunch&, cudaStream_t);
+namespace {
+const RegisterNormVariant<NormType::kRms, PreAdd::kNone, false> kRms;
+const RegisterNormVariant<NormType::kRms, PreAdd::kNone, true> kRmsModulated;
+}  // namespace
 }  // namespace transformer_kernels

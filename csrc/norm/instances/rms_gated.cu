@@ -2,5 +2,7 @@
 #include "norm/norm_instances.cuh"
 
 namespace transformer_kernels {
-template cudaError_t launch_norm<NormType::kRms, PreAdd::kGated, true>(const NormLaunch&, cudaStream_t);
+namespace {
+const RegisterNormVariant<NormType::kRms, PreAdd::kGated, true> kRmsGatedModulated;
+}  // namespace
 }  // namespace transformer_kernels

@@ -2,6 +2,8 @@
 #include "norm/norm_instances.cuh"
 
 namespace transformer_kernels {
-template cudaError_t launch_norm<NormType::kRms, PreAdd::kResidual, false>(const NormLaunch&, cudaStream_t);
-template cudaError_t launch_norm<NormType::kRms, PreAdd::kResidual, true>(const NormLaunch&, cudaStream_t);
+namespace {
+const RegisterNormVariant<NormType::kRms, PreAdd::kResidual, false> kRmsResidual;
+const RegisterNormVariant<NormType::kRms, PreAdd::kResidual, true> kRmsResidualModulated;
+}  // namespace
 }  // namespace transformer_kernels

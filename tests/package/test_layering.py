@@ -1,0 +1,52 @@
+"""The layering the docs promise (docs/adding-an-op.md, FlashInfer's): kernel headers (*.cuh) and the
+instantiation units that compile a family's variants (csrc/*/instances/, csrc/norm/backward/) include
+no torch header, directly or through a header of ours, so that they parse no torch per architecture
+and the kernels stay callable from the lab (workshop/lab) without torch."""
+
+import re
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+CSRC = ROOT / "csrc"
+INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]', re.MULTILINE)
+TORCH = re.compile(r"^(ATen|c10|torch)/")
+
+
+def torch_includes(path, seen=None):
+    """The torch headers `path` includes, directly or through our headers (quoted, under csrc/), each
+    with the chain of our files that leads to it."""
+    seen = set() if seen is None else seen
+    found = []
+    for kind, name in INCLUDE.findall(path.read_text()):
+        if TORCH.match(name):
+            found.append(f"{path.relative_to(ROOT)} -> <{name}>")
+        elif kind == '"' and (CSRC / name).is_file() and (CSRC / name) not in seen:
+            seen.add(CSRC / name)
+            found += [f"{path.relative_to(ROOT)} -> {chain}" for chain in torch_includes(CSRC / name, seen)]
+    return found
+
+
+TORCH_FREE = sorted({*CSRC.rglob("*.cuh"), *CSRC.glob("*/instances/*.cu"), *CSRC.glob("norm/backward/*.cu")})
+
+
+def test_the_instantiation_units_are_found():
+    units = [p.relative_to(CSRC).as_posix() for p in TORCH_FREE if p.suffix == ".cu"]
+    assert "norm/instances/rms.cu" in units and "norm/backward/rms.cu" in units, units
+
+
+@pytest.mark.parametrize("path", TORCH_FREE, ids=lambda p: p.relative_to(CSRC).as_posix())
+def test_kernel_headers_and_instantiation_units_include_no_torch(path):
+    assert not torch_includes(path), torch_includes(path)
+
+
+def test_the_check_sees_a_torch_include_through_our_headers(tmp_path, monkeypatch):
+    # planted: a unit that includes a header of ours that includes ATen
+    monkeypatch.setattr(sys.modules[__name__], "CSRC", tmp_path)
+    (tmp_path / "binding.h").write_text("#include <ATen/core/Tensor.h>\n")
+    unit = tmp_path / "unit.cu"
+    unit.write_text('#include "binding.h"\n#include <cuda_runtime.h>\n')
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert torch_includes(unit) == ["unit.cu -> binding.h -> <ATen/core/Tensor.h>"]
