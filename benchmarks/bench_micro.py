@@ -702,12 +702,31 @@ def activation_rope_backward_cases(tk, quick: bool) -> Iterator[Case]:
                note="Flux 1024x1024 (4096 image + 512 text tokens)")
 
 
+def eager_quantize_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row-wise dynamic FP8 as torchao's recipe computes it in eager PyTorch (its compile is what
+    torchao + torch.compile runs before each FP8 GEMM)."""
+    scale = x.abs().amax(-1, keepdim=True).float().clamp(min=1e-12) / 448.0
+    return (x.float() / scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn), scale
+
+
+def quantize_fp8_cases(tk, quick: bool) -> Iterator[Case]:
+    """quantize_fp8 on the GEMM inputs of an LTX-Video 2B step (CFG batch 2: 5376 tokens; the FFN
+    down projection's input is 4x wider) and a Llama-3.1-8B prefill of 2048 tokens."""
+    shapes = [(5376, 2048, "LTX-Video 2B attention/FFN-up input"), (5376, 8192, "LTX-Video 2B FFN-down input"),
+              (2048, 4096, "Llama-3.1-8B prefill")]
+    for rows, k, note in shapes[:1] if quick else shapes:
+        x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16) * 3
+        moved = nbytes(x) + x.numel() + rows * 4  # bf16 in, e4m3 codes and fp32 scales out
+        yield Case("quantize_fp8", f"{rows}x{k}", "bfloat16", moved,
+                   with_baselines(lambda: tk.quantize_fp8(x), eager_quantize_fp8, (x,)), note=note)
+
+
 OPS = {"rms_norm": rms_norm_cases, "activation": activation_cases, "fused_add_rms_norm": fused_add_rms_norm_cases,
        "layer_norm": layer_norm_cases, "modulate": modulate_cases, "rope": rope_cases,
        "linear_gelu": linear_gelu_cases, "norm_backward": norm_backward_cases,
        "qk_norm_rope_backward": qk_norm_rope_backward_cases,
        "activation_rope_backward": activation_rope_backward_cases, "group_norm": group_norm_cases,
-       "group_norm_vae": group_norm_vae_cases}
+       "group_norm_vae": group_norm_vae_cases, "quantize_fp8": quantize_fp8_cases}
 
 
 

@@ -16,8 +16,9 @@ all-zero row gets the scale ``AMAX_FLOOR / 448`` and zero values (torchao's floo
 import torch
 
 E4M3_MAX = 448.0
-# The smallest amax a row's scale is formed from (torchao's EPS): all-zero rows get a finite scale.
-AMAX_FLOOR = 1e-12
+# The smallest amax a row's scale is formed from (torchao's EPS, 1e-12, as the kernels hold it: rounded
+# to fp32): all-zero rows get a finite scale.
+AMAX_FLOOR = 9.999999960041972e-13
 
 
 def e4m3_round(v: torch.Tensor) -> torch.Tensor:
@@ -38,7 +39,10 @@ def quantize_fp8_rowwise(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(q, scale)``: ``q`` of x's shape in ``torch.float8_e4m3fn``, ``scale`` fp32 of shape
     ``[..., 1]`` (one per row of the last dimension), with the rounding described above."""
     x32 = x.float()  # exact from fp16, bf16 and fp32
-    amax = x32.abs().amax(dim=-1, keepdim=True)  # NaN if the row holds one
+    if x32.shape[-1] == 0:  # rows of no elements: the floor's scale
+        amax = x32.new_zeros((*x32.shape[:-1], 1))
+    else:
+        amax = x32.abs().amax(dim=-1, keepdim=True)  # NaN if the row holds one
     scale = (amax.double().clamp_min(AMAX_FLOOR) / E4M3_MAX).float()
     quotient = (x32.double() / scale.double()).float()  # one rounding: the fp32 division's result
     return e4m3_round(quotient), scale

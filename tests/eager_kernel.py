@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from reference.activations import eager_act_and_mul, eager_act_mul, eager_activation, eager_gated_add
+from reference.fp8 import quantize_fp8_rowwise
 from reference.group_norm import eager_group_norm
 from reference.norms import RMS_NORM_EAGER, diffusers_norm_modulate, ltx_gated_add_norm_modulate
 from reference.rope import (
@@ -110,6 +111,7 @@ IMPLS = {
                                                                       bias_nc=bnc),
     "ltx_qk_norm_rope_from_coords": lambda q, k, qw, kw, eps, grid, freqs: diffusers_qk_norm_rope(
         q, k, qw, kw, eps, *_tables(grid, freqs, q.shape[-1])),
+    "quantize_fp8": lambda x: tuple(t.contiguous() for t in quantize_fp8_rowwise(x)),
 }
 
 

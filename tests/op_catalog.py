@@ -627,12 +627,20 @@ def _group_norm_entries():
 
 
 # Ops that launch nothing (host queries): covered by the rest of their family.
+def _quant_entries():
+    def quantize(m, case):
+        shape, lay = _rows(m, case)
+        return (m.tensor(shape, lay, scale=3.0, offset=0.0),), ()
+
+    return {"quantize_fp8": ("quantize_fp8", quantize)}
+
+
 QUERY_OPS = ("linear_gelu_fused",)
 
 _ROPE_ENTRIES, _QK_NORM_ROPE_ENTRIES = _rope_entries()
 FAMILIES = {"norm": {**_norm_entries(), **_gated_add_entries()}, "activation": _activation_entries(),
             "rope": _ROPE_ENTRIES, "qk_norm_rope": _QK_NORM_ROPE_ENTRIES, "gemm": _gemm_entries(),
-            "loss": _loss_entries(), "group_norm": _group_norm_entries()}
+            "loss": _loss_entries(), "group_norm": _group_norm_entries(), "quant": _quant_entries()}
 ENTRIES: dict[str, tuple[str, str, Callable]] = {
     name: (family, op, build) for family, entries in FAMILIES.items() for name, (op, build) in entries.items()
 }
@@ -664,7 +672,8 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Equal bit for bit (NaNs included), same shape, dtype and strides not required."""
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
-    ints = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}
+    ints = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16,
+            torch.float8_e4m3fn: torch.uint8}
     ai, bi = a.contiguous(), b.contiguous()
     if a.dtype in ints:
         ai, bi = ai.view(ints[a.dtype]), bi.view(ints[a.dtype])

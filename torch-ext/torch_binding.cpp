@@ -16,6 +16,7 @@
 #include "loss/ops.h"
 #include "norm/ops.h"
 #include "qk_norm_rope/ops.h"
+#include "quant/ops.h"
 #include "registration.h"
 #include "rope/ops.h"
 
@@ -147,6 +148,9 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   ops.def("add_group_norm_out(Tensor! out, Tensor x, Tensor bias_nc, int num_groups, Tensor? weight, Tensor? bias, "
           "float eps, str activation) -> ()");
 
+  // Per-row dynamic FP8 (e4m3) quantization: x ~ codes * scale, scale [..., 1] float32 (amax / 448).
+  ops.def("quantize_fp8(Tensor x) -> (Tensor, Tensor)");
+
   // Every op is registered for CPU too, with the same entry point: CPU tensors then fail with a
   // clear "must be a CUDA tensor" instead of the dispatcher's "no kernel for CPU".
   for (const auto key : {c10::kCUDA, c10::kCPU}) {
@@ -186,6 +190,7 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
     ops.impl("group_norm_out", key, &tk::group_norm_out);
     ops.impl("add_group_norm", key, &tk::add_group_norm);
     ops.impl("add_group_norm_out", key, &tk::add_group_norm_out);
+    ops.impl("quantize_fp8", key, &tk::quantize_fp8);
   }
 
   // ---- backward ops (norm family, gated_add, fused q/k norm + RoPE): the forward's inputs (or

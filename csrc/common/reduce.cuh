@@ -1,5 +1,8 @@
-// Sum reductions over a warp, a group of lanes, or a whole thread block. Torch-free.
+// Reductions (sum, and a max that keeps NaN) over a warp, a group of lanes, or a whole thread
+// block. Torch-free.
 #pragma once
+
+#include <cfloat>
 
 #include "common/math.cuh"
 
@@ -8,18 +11,34 @@ namespace transformer_kernels {
 constexpr int kWarpSize = 32;
 constexpr unsigned kFullMask = 0xffffffffu;
 
-// Butterfly sum over aligned groups of `kWidth` lanes (kWidth a power of two <= 32); every
-// lane of the group receives the group's sum. `mask` names the lanes taking part (whole groups).
-// The array form sums N values at once (rows that share a lane group), each in the scalar order.
-template <int kWidth = kWarpSize, int N>
-TK_DEVICE void group_reduce_sum(float (&v)[N], unsigned mask = kFullMask) {
+// How two partial results combine: the sum, or the largest value where a NaN wins (a row's amax
+// must be NaN when the row holds one; fmaxf would drop it).
+struct SumOp {
+  static constexpr float kIdentity = 0.f;
+  TK_DEVICE float operator()(float a, float b) const { return a + b; }
+};
+struct NanMaxOp {
+  static constexpr float kIdentity = -FLT_MAX;
+  TK_DEVICE float operator()(float a, float b) const { return (a != a || b != b) ? a + b : fmaxf(a, b); }
+};
+
+// Butterfly reduction over aligned groups of `kWidth` lanes (kWidth a power of two <= 32); every
+// lane of the group receives the group's result. `mask` names the lanes taking part (whole groups).
+// The array form reduces N values at once (rows that share a lane group), each in the scalar order.
+template <typename Op, int kWidth = kWarpSize, int N>
+TK_DEVICE void group_reduce(float (&v)[N], unsigned mask = kFullMask) {
   static_assert(kWidth >= 1 && kWidth <= kWarpSize && (kWidth & (kWidth - 1)) == 0,
                 "group width must be a power of two no larger than a warp");
 #pragma unroll
   for (int offset = kWidth / 2; offset > 0; offset /= 2) {
 #pragma unroll
-    for (int i = 0; i < N; ++i) v[i] += __shfl_xor_sync(mask, v[i], offset);
+    for (int i = 0; i < N; ++i) v[i] = Op{}(v[i], __shfl_xor_sync(mask, v[i], offset));
   }
+}
+
+template <int kWidth = kWarpSize, int N>
+TK_DEVICE void group_reduce_sum(float (&v)[N], unsigned mask = kFullMask) {
+  group_reduce<SumOp, kWidth>(v, mask);
 }
 
 template <int kWidth = kWarpSize>
@@ -29,26 +48,31 @@ TK_DEVICE float group_reduce_sum(float v, unsigned mask = kFullMask) {
   return a[0];
 }
 
-// Sum over all threads of a one-dimensional block (blockDim.x a multiple of 32, at most 1024);
-// every thread receives the total, of each of the N values. Uses one __syncthreads, so call it at
-// most once per kernel and kBuffer (each buffer its own shared array), unless the caller separates
-// calls with another barrier.
-template <int N, int kBuffer = 0>
-TK_DEVICE void block_reduce_sum(float (&v)[N]) {
-  __shared__ float warp_sums[N][kWarpSize];  // one array per (N, kBuffer)
+// Reduction over all threads of a one-dimensional block (blockDim.x a multiple of 32, at most
+// 1024); every thread receives the result, of each of the N values. Uses one __syncthreads, so call
+// it at most once per kernel and kBuffer (each buffer its own shared array), unless the caller
+// separates calls with another barrier.
+template <typename Op, int N, int kBuffer = 0>
+TK_DEVICE void block_reduce(float (&v)[N]) {
+  __shared__ float warp_results[N][kWarpSize];  // one array per (Op, N, kBuffer)
   const int lane = threadIdx.x % kWarpSize;
   const int warp = threadIdx.x / kWarpSize;
   const int num_warps = blockDim.x / kWarpSize;
-  group_reduce_sum(v);
+  group_reduce<Op>(v);
   if (lane == 0) {
 #pragma unroll
-    for (int i = 0; i < N; ++i) warp_sums[i][warp] = v[i];
+    for (int i = 0; i < N; ++i) warp_results[i][warp] = v[i];
   }
   __syncthreads();
-  // Every warp re-reduces the per-warp sums itself: no second barrier or broadcast needed.
+  // Every warp re-reduces the per-warp results itself: no second barrier or broadcast needed.
 #pragma unroll
-  for (int i = 0; i < N; ++i) v[i] = lane < num_warps ? warp_sums[i][lane] : 0.f;
-  group_reduce_sum(v);
+  for (int i = 0; i < N; ++i) v[i] = lane < num_warps ? warp_results[i][lane] : Op::kIdentity;
+  group_reduce<Op>(v);
+}
+
+template <int N, int kBuffer = 0>
+TK_DEVICE void block_reduce_sum(float (&v)[N]) {
+  block_reduce<SumOp, N, kBuffer>(v);
 }
 
 TK_DEVICE float block_reduce_sum(float v) {

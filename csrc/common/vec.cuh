@@ -20,6 +20,7 @@ constexpr int vec_size() { return kVecBytes / static_cast<int>(sizeof(T)); }
 namespace detail {
 // Unsigned type of the same size as a chunk of `kBytes` bytes (kBytes <= 16).
 template <int kBytes> struct chunk_type;
+template <> struct chunk_type<1> { using type = uint8_t; };
 template <> struct chunk_type<2> { using type = uint16_t; };
 template <> struct chunk_type<4> { using type = uint32_t; };
 template <> struct chunk_type<8> { using type = uint2; };

@@ -134,6 +134,9 @@ def test_every_op_traces_on_meta(tk):
     assert q_out.shape == k_out.shape == x.shape and q_out.dtype == torch.bfloat16
     q_out, k_out = tk.ltx_qk_norm_rope_from_coords(x, r, w, w, 1e-6, grid.expand(2, 9, 3), freqs)
     assert q_out.shape == k_out.shape == x.shape and k_out.dtype == torch.bfloat16
+    codes, scale = tk.quantize_fp8(x)
+    assert codes.shape == x.shape and codes.dtype == torch.float8_e4m3fn
+    assert scale.shape == (2, 9, 1) and scale.dtype == torch.float32
 
 
 def test_fake_impl_rejects_bad_out(tk):

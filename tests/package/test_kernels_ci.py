@@ -121,3 +121,18 @@ def test_modulation(tk, dtype):
     assert_close64(tk.norm_modulate(x, scale, shift, norm="rms", eps=1e-6),
                    norm * (1 + scale.double()) + shift.double(), dtype)
     assert_close64(tk.gated_add(x, y, gate), x64 + y.double() * gate.double(), dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_quantize_fp8(tk, dtype):
+    """Each row within half an e4m3 spacing of x once dequantized (scale = amax / 448; the spacing
+    is 2^(e - 3) of the quotient, bounded by 448 / 16 = 28 at the top), its largest value on ±448."""
+    x = rand(67, 4099, dtype=dtype, scale=3.0)
+    codes, scale = tk.quantize_fp8(x)
+    assert codes.dtype == torch.float8_e4m3fn and scale.shape == (67, 1)
+    quotient = x.double() / scale.double()
+    spacing = torch.exp2(torch.floor(torch.log2(quotient.abs().clamp(min=2.0**-6))) - 3)
+    assert ((codes.double() - quotient).abs() <= spacing / 2 * (1 + 1e-6)).all()
+    assert (codes.float().abs().amax(-1) == 448).all()
+    assert torch.allclose(scale.double().squeeze(-1), x.double().abs().amax(-1) / 448, rtol=1e-6, atol=0)

@@ -210,6 +210,13 @@ def _cases():
     c["linear_gelu_out"] = (ffn_inputs, lambda tk, t: _out(
         lambda o: tk.ops.linear_gelu_out.default(o, t["x"], t["w"], t["b"]), t["x"].new_empty(2, 512, 8192)))
 
+    # FP8 quantization of a GEMM input (the LTX FFN's [tokens, 2048]); the codes compared as float32
+    def quantize(tk, t):
+        codes, scale = tk.ops.quantize_fp8.default(t["x"])
+        return codes.float(), scale
+
+    c["quantize_fp8"] = (lambda: {"x": _rand(2, 512, 2048, scale=3.0)}, quantize)
+
     # ---- training: the backward ops (a training step captured whole) and the fused linear cross-entropy ----
     c["activation_backward"] = (act, lambda tk, t: (tk.ops.activation_backward.default(t["y"], t["x"], "gelu_tanh"),))
     c["act_and_mul_backward"] = (act, lambda tk, t: (tk.ops.act_and_mul_backward.default(

@@ -92,6 +92,11 @@ CASES = {
                                 "linear_gelu"),
     "linear_gelu_bias_shape": (lambda tk, d: tk.linear_gelu(t(d, 4, 64), t(d, 96, 64), t(d, 95)), ValueError,
                                "linear_gelu: bias"),
+    # FP8 quantization
+    "quantize_fp8_int_dtype": (lambda tk, d: tk.quantize_fp8(torch.zeros(4, 64, dtype=torch.int32, device=d)),
+                               TypeError, "quantize_fp8: x must be"),
+    "quantize_fp8_scalar": (lambda tk, d: tk.quantize_fp8(t(d, 4)[0]), ValueError, "quantize_fp8: x must have at least one"),
+    "quantize_fp8_last_dim_strided": (lambda tk, d: tk.quantize_fp8(t(d, 64, 4).t()), ValueError, "quantize_fp8: x"),
     # fused linear cross-entropy
     "flce_target_dtype": (lambda tk, d: tk.fused_linear_cross_entropy(t(d, 6, 32), t(d, 50, 32),
                                                                       torch.zeros(6, dtype=torch.int32, device=d)),

@@ -40,6 +40,7 @@ from .qk_norm_rope import (
     ltx_qk_norm_rope_from_coords,
     qk_norm_rope,
 )
+from .quant import quantize_fp8
 from .rope import (
     apply_rotary_pos_emb,
     apply_rotary_pos_emb_,
@@ -79,6 +80,7 @@ __all__ = [
     "norm_modulate",
     "ops",
     "qk_norm_rope",
+    "quantize_fp8",
     "rms_norm",
     "rotary_embedding",
     "silu",

@@ -1,0 +1,101 @@
+// Per-row (per-token) dynamic FP8 quantization to e4m3: each row's amax, its scale
+// max(amax, kFp8AmaxFloor) / 448 and the row's values x / scale rounded to nearest even and
+// saturated at ±448, each division rounded once in fp32 (reference/fp8.py). A row holding a NaN gets
+// a NaN scale, one holding an infinity an infinite scale: either dequantizes to NaN. Torch-free.
+#pragma once
+
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common/kernel.cuh"
+#include "common/reduce.cuh"
+#include "common/rows.cuh"
+#include "common/schedule.cuh"
+#include "common/vec.cuh"
+#include "quant/quant_policy.cuh"
+
+namespace transformer_kernels {
+
+// The largest finite e4m3 value; the smallest amax a scale is formed from (torchao's floor), so
+// that an all-zero row gets a finite scale (and zero values).
+constexpr float kFp8E4m3Max = 448.f;
+constexpr float kFp8AmaxFloor = 1e-12f;
+
+template <typename T>
+struct QuantizeFp8Params {
+  const T* x;  // [rows..., hidden]
+  RowIndexer x_rows;
+  uint8_t* out;  // [rows..., hidden]: e4m3 codes (torch.float8_e4m3fn)
+  RowIndexer out_rows;
+  float* scale;  // [rows] contiguous: each row's scale
+  int64_t num_rows;
+  int64_t hidden;
+};
+
+namespace quant_detail {
+
+// The e4m3 code of x / scale: the quotient rounded once in fp32, then to nearest even in e4m3,
+// saturating (NaN stays NaN).
+TK_DEVICE uint8_t fp8_code(float x, float scale) {
+  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(__fdiv_rn(x, scale), __NV_SATFINITE, __NV_E4M3));
+}
+
+// One block per row: the row's amax (a NaN-keeping block max), its scale, then the row again
+// (from L1/L2) to its codes. kVec elements per access: 16-byte loads of x, kVec bytes of codes.
+template <typename Policy, typename T, int kVec>
+__device__ void quantize_fp8_body(const QuantizeFp8Params<T>& p) {
+  const int64_t row = blockIdx.x;
+  const T* x = p.x + p.x_rows.offset(row);
+  uint8_t* out = p.out + p.out_rows.offset(row);
+  const int64_t vecs = p.hidden / kVec;
+  float amax[1] = {0.f};
+  for (int64_t i = threadIdx.x; i < vecs; i += blockDim.x) {
+    vec_t<T, kVec> v;
+    v.load(x + i * kVec);
+    float f[kVec];
+    v.cast_to(f);
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) amax[0] = NanMaxOp{}(amax[0], fabsf(f[k]));
+  }
+  block_reduce<NanMaxOp, 1>(amax);
+  const float floored = amax[0] != amax[0] ? amax[0] : fmaxf(amax[0], kFp8AmaxFloor);
+  const float scale = __fdiv_rn(floored, kFp8E4m3Max);
+  if (threadIdx.x == 0) p.scale[row] = scale;
+  for (int64_t i = threadIdx.x; i < vecs; i += blockDim.x) {
+    vec_t<T, kVec> v;
+    v.load(x + i * kVec);
+    float f[kVec];
+    v.cast_to(f);
+    vec_t<uint8_t, kVec> codes;
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) codes[k] = fp8_code(f[k], scale);
+    codes.store(out + i * kVec);
+  }
+}
+
+// The 16-byte path: the width a multiple of the vector, x's rows and base 16-byte aligned, the codes'
+// rows and base aligned to a vector's bytes.
+template <typename T>
+bool quantize_fp8_vectorizable(const QuantizeFp8Params<T>& p, int vec) {
+  return p.hidden % vec == 0 && reinterpret_cast<uintptr_t>(p.x) % kVecBytes == 0 && p.x_rows.rows_aligned_to(vec) &&
+         reinterpret_cast<uintptr_t>(p.out) % vec == 0 && p.out_rows.rows_aligned_to(vec);
+}
+
+}  // namespace quant_detail
+
+// Host launcher: a block per row, 16-byte vectors where quantize_fp8_vectorizable allows, element by
+// element otherwise. Rows of no elements get the floor's scale.
+template <typename Policy = QuantPolicy, typename T>
+cudaError_t QuantizeFp8(const QuantizeFp8Params<T>& p, cudaStream_t stream) {
+  if (p.num_rows == 0) return cudaSuccess;
+  constexpr int kVec = vec_size<T>();
+  constexpr auto kVectorized = &kernel_entry<QuantizeFp8Params<T>, quant_detail::quantize_fp8_body<Policy, T, kVec>>;
+  constexpr auto kScalar = &kernel_entry<QuantizeFp8Params<T>, quant_detail::quantize_fp8_body<Policy, T, 1>>;
+  const auto kernel = quant_detail::quantize_fp8_vectorizable(p, kVec) ? kVectorized : kScalar;
+  kernel<<<grid_for(p.num_rows, 1), Policy::kBlockThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace transformer_kernels
