@@ -30,6 +30,7 @@ import secrets
 import shutil
 import subprocess
 import sys
+import time
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -375,11 +376,30 @@ def build(archs_spec: str = "all", jobs: int | None = None, root: Path = ROOT, v
     return out
 
 
+NINJA_PROGRESS = re.compile(r"^\[(\d+)/(\d+)\] ")
+
+
 def _run_quiet(cmd: list[str], env: dict[str, str]) -> None:
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    """Runs cmd, showing only ninja's progress: one line per finished step, ``[n/N]`` and the source it
+    compiled, with the minutes so far (a full build is many minutes of silence otherwise). The whole
+    output is printed only if the command fails."""
+    start = time.monotonic()
+    lines = []
+    with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        for line in proc.stdout:
+            lines.append(line)
+            m = NINJA_PROGRESS.match(line)
+            if m:
+                sources = re.findall(r"(?:csrc|torch-ext)/\S+?\.(?:cu|cpp)\b", line)
+                what = sources[-1] if sources else line[m.end():].split(" ")[0].strip()
+                print(f"[{m.group(1)}/{m.group(2)}] {what}  ({_minutes(time.monotonic() - start)})", flush=True)
     if proc.returncode != 0:
-        sys.stderr.write(proc.stdout[-20000:] + proc.stderr[-20000:])
+        sys.stderr.write("".join(lines)[-40000:])
         raise SystemExit(f"command failed ({proc.returncode}): {' '.join(cmd)}")
+
+
+def _minutes(seconds: float) -> str:
+    return f"{int(seconds // 60)} min {int(seconds % 60):02d} s"
 
 
 def main() -> None:
@@ -394,8 +414,9 @@ def main() -> None:
         cfg = load_config()
         print(f"build.toml OK: {cfg.name} v{cfg.version}, kernels {sorted(cfg.kernels)}")
         return
+    start = time.monotonic()
     out = build(args.archs, args.jobs, verbose=args.verbose)
-    print(f"built {out.relative_to(ROOT)}")
+    print(f"built {out.relative_to(ROOT)} in {_minutes(time.monotonic() - start)}")
 
 
 if __name__ == "__main__":

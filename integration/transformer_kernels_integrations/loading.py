@@ -61,4 +61,21 @@ def load_kernel(local_build: str | os.PathLike | None = None) -> ModuleType:
 
     if local_build is not None:
         return kernels.get_local_kernel(local_root(local_build) / "build")
-    return kernels.get_kernel(REPO_ID, version=VERSION, trust_remote_code=True)
+    try:
+        return kernels.get_kernel(REPO_ID, version=VERSION, trust_remote_code=True)
+    except Exception as e:  # the Hub unreachable (no network, an offline cache miss), or the repo refused
+        if os.environ.get("LOCAL_KERNELS"):
+            raise
+        raise RuntimeError(hub_load_failure(e)) from e
+
+
+def hub_load_failure(error: BaseException) -> str:
+    """What a user who reached the Hub path by default needs to know when it fails: what failed, and
+    how to point at a local build instead."""
+    checkout = f" (this clone: {ROOT})" if ROOT is not None else ""
+    return (f"could not load {REPO_ID} (version {VERSION}) from the Hugging Face Hub: "
+            f"{type(error).__name__}: {error}. To use a local build instead, build it in a clone "
+            f"(`python tools/build_kernel.py`) and either call use_local_build(PATH) / load_kernel(PATH) with the "
+            f"clone's directory{checkout}, or set {ROOT_ENV}=PATH and call use_local_build(), or set "
+            f"LOCAL_KERNELS={REPO_ID}=PATH before the first load; then pass the module as inject(..., tk=...) or "
+            "let inject load it")

@@ -61,3 +61,28 @@ def test_pip_install_and_import_from_another_directory(tmp_path):
     assert "asks: no local build given" in run.stdout and "TRANSFORMER_KERNELS_ROOT" in run.stdout
     assert ("switches: fused_add_rms_norm fused_linear_cross_entropy geglu gelu group_norm layer_norm linear_gelu "
             "merge_projections norm_modulate qk_norm_rope rms_norm rope swiglu") in run.stdout
+
+
+def test_a_failed_hub_load_says_how_to_use_a_local_build(monkeypatch):
+    """No local build named and no network: the Hub's error, chained, under a message that says how to
+    point at a local build (the first thing a new user without network meets)."""
+    kernels = pytest.importorskip("kernels")
+    from transformer_kernels_integrations import loading
+
+    class ConnectError(Exception):  # httpx's, as huggingface_hub raises it offline
+        pass
+
+    def offline(*args, **kwargs):
+        raise ConnectError("[Errno -3] Temporary failure in name resolution")
+
+    monkeypatch.setattr(kernels, "get_kernel", offline)
+    monkeypatch.delenv("LOCAL_KERNELS", raising=False)
+    with pytest.raises(RuntimeError, match="could not load transformer-kernels/transformer-kernels") as info:
+        loading.load_kernel()
+    message = str(info.value)
+    assert "ConnectError" in message and "TRANSFORMER_KERNELS_ROOT" in message and "LOCAL_KERNELS" in message
+    assert "tools/build_kernel.py" in message and isinstance(info.value.__cause__, ConnectError)
+    # with LOCAL_KERNELS set, the user chose the local build: its own error, unchanged
+    monkeypatch.setenv("LOCAL_KERNELS", "transformer-kernels/transformer-kernels=/nowhere")
+    with pytest.raises(ConnectError):
+        loading.load_kernel()

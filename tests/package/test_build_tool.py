@@ -111,3 +111,19 @@ def test_digest_and_provenance(tmp_path):
 def test_cxx_standard_follows_torch_as_kernel_builder_sets_it():
     assert bk.cxx_standard("2.11.0+cu130") == "17"
     assert bk.cxx_standard("2.12.0") == bk.cxx_standard("2.14.1+cu130") == "20"
+
+
+def test_quiet_build_shows_ninja_progress_and_the_whole_log_on_failure(capsys):
+    import sys
+
+    script = ("print('[1/3] Building CUDA object CMakeFiles/x.dir/work/csrc/norm/norm.cu.o'); "
+              "print('nvcc chatter'); print('[2/3] Building CXX object x/torch-ext/torch_binding.cpp.o'); "
+              "print('[3/3] Linking CXX shared module _x.abi3.so')")
+    bk._run_quiet([sys.executable, "-c", script], env=None)
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split("  (")[0] for line in out] == ["[1/3] csrc/norm/norm.cu", "[2/3] torch-ext/torch_binding.cpp",
+                                                     "[3/3] Linking"]
+    assert all(re.search(r"\(\d+ min \d\d s\)$", line) for line in out)
+    with pytest.raises(SystemExit, match="command failed"):
+        bk._run_quiet([sys.executable, "-c", "print('error: the real reason'); raise SystemExit(2)"], env=None)
+    assert "error: the real reason" in capsys.readouterr().err

@@ -1,0 +1,54 @@
+"""Facts the README, CARD.md and docs state that drift as the project changes, checked against their
+sources: the archs the build ships (tools/build_kernel.py's RELEASE_CAPABILITIES, and the built
+metadata.json of a build for every arch) and the test count the README gives."""
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+from tools import build_kernel as bk
+
+CAPABILITY = re.compile(r"\b(\d{1,2}\.\d)\b")
+
+
+def stated_capabilities(path, sentence_start: str, sentence_end: str) -> list[str]:
+    text = " ".join((ROOT / path).read_text().split())
+    start = text.index(sentence_start)
+    end = text.index(sentence_end, start)
+    # capabilities named as a GPU that runs another's SASS ("8.9, run it") are not shipped
+    return [c for c in CAPABILITY.findall(text[start:end]) if not re.search(rf"{re.escape(c)}, run it", text[start:end])]
+
+
+@pytest.mark.parametrize("path,start,end", [
+    ("README.md", "`--archs all` (default) builds", "(SASS"),
+    ("CARD.md", "SASS for compute capabilities", "and PTX of the newest"),
+    ("docs/gpus.md", "The build ships SASS for", "and PTX of the"),
+])
+def test_the_stated_archs_are_the_ones_the_build_ships(path, start, end):
+    assert stated_capabilities(path, start, end) == bk.RELEASE_CAPABILITIES, path
+
+
+def test_a_build_for_every_arch_lists_them_in_its_metadata():
+    built = sorted((ROOT / "build").glob("torch*/metadata.json"))
+    if not built:
+        pytest.skip("no build under build/")
+    archs = json.loads(built[0].read_text())["backend"]["archs"]
+    if len(archs) == 1:
+        pytest.skip(f"a one-arch build ({archs}); CI's build for every arch is checked")
+    assert [a.removesuffix("+PTX") for a in sorted(archs, key=lambda a: tuple(map(int, a.split("+")[0].split("."))))] \
+        == bk.RELEASE_CAPABILITIES
+
+
+def test_the_readme_gives_the_suite_s_test_count():
+    stated = re.search(r"The suite collects (\d+) tests", (ROOT / "README.md").read_text())
+    assert stated, "README.md no longer states the test count"
+    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"],
+                         cwd=ROOT, capture_output=True, text=True).stdout
+    collected = re.search(r"(\d+) tests? collected", out)
+    assert collected, out[-2000:]
+    assert int(stated.group(1)) == int(collected.group(1)), (
+        f"README.md says {stated.group(1)} tests; `pytest --collect-only` collects {collected.group(1)} here")
