@@ -9,6 +9,11 @@ views of that one result (the RoPE, q/k-norm and gated-unit ops read such views 
 As vLLM's ``QKVParallelLinear`` / ``MergedColumnParallelLinear`` and diffusers'
 ``fuse_qkv_projections`` (which keeps a second copy of the weights) do.
 
+A module diffusers already fused (``fuse_qkv_projections()``: ``fused_projections`` set, ``to_qkv`` /
+``to_kv`` / ``to_added_qkv`` holding the concatenated weights) is merged with its own fused projection:
+its weight and bias are the merge, read as they are, and the children are left untouched, so no third
+copy is made and ``unfuse_qkv_projections()`` works after ``detach`` as before ``attach``.
+
 What moves parameters to new storage (``module.to()``/``.half()``, ``load_state_dict(assign=True)``,
 replacing a parameter or a child) is noticed: ``module._apply`` is wrapped to merge again after a
 conversion, and each eager call compares one tuple (the ids of the children and parameters the
@@ -60,13 +65,30 @@ def mergeable(module: torch.nn.Module, names: Sequence[str]) -> str | None:
     return None
 
 
+# The child diffusers' ``fuse_projections`` makes of each merge key's projections.
+DIFFUSERS_FUSED = {"qkv": "to_qkv", "kv": "to_kv", "added_qkv": "to_added_qkv"}
+
+
+def fused_projection(module: torch.nn.Module, names: Sequence[str], key: str | None) -> torch.nn.Linear | None:
+    """The module's own fused projection of ``names`` (diffusers' ``fuse_qkv_projections``) where it
+    is a plain ``nn.Linear`` holding exactly their rows' shapes, else None."""
+    fused = getattr(module, DIFFUSERS_FUSED.get(key or "", ""), None) if getattr(module, "fused_projections", False) else None
+    if type(fused) is not torch.nn.Linear:
+        return None
+    linears = [getattr(module, n) for n in names]
+    same_shape = (fused.out_features == sum(lin.out_features for lin in linears)
+                  and fused.in_features == linears[0].in_features
+                  and (fused.bias is None) == (linears[0].bias is None))
+    return fused if same_shape else None
+
+
 class MergedLinear:
     """One GEMM for the ``names`` children of ``module`` (plain ``nn.Linear`` with one input width)."""
 
     def __init__(self, module: torch.nn.Module, names: Sequence[str], key: str | None = None):
         self.module = module
         self.names = tuple(names)
-        self.key = key  # the name attach() keeps it under
+        self.key = key  # the name attach() keeps it under (diffusers' fused projection of that key is used)
         self.sizes = [getattr(module, n).out_features for n in self.names]
         self.enabled = True
         self.weight: torch.Tensor
@@ -79,9 +101,22 @@ class MergedLinear:
         return [getattr(self.module, n) for n in self.names]
 
     def merge(self) -> None:
-        """Concatenates the children's current weights and makes them views of the result."""
+        """Concatenates the children's current weights and makes them views of the result; or, where
+        the module holds diffusers' fused projection of them, takes its weight and bias as they are."""
         linears = self._linears()
         self.sizes = [lin.out_features for lin in linears]
+        fused = fused_projection(self.module, self.names, self.key)
+        self.fused = fused is not None
+        if fused is not None:
+            self.weight, self.bias, self.device = fused.weight, fused.bias, fused.weight.device
+            params = [p for p in (fused.weight, fused.bias) if p is not None]
+            slots = [(self.module._modules, DIFFUSERS_FUSED[self.key])]
+            slots += [(fused._parameters, k) for k in ("weight", "bias")]
+            self._dicts, self._keys = tuple(d for d, _ in slots), tuple(k for _, k in slots)
+            self._params = tuple(params)
+            self._held = ((fused,), self._params)
+            self._state = self._current_state()
+            return
         with torch.no_grad():
             weight = torch.cat([lin.weight for lin in linears])
             bias = torch.cat([lin.bias for lin in linears]) if linears[0].bias is not None else None
@@ -149,7 +184,9 @@ class MergedLinear:
         return False
 
     def weight_requires_grad(self) -> bool:
-        return any(p.requires_grad for lin in self._linears() for p in (lin.weight, lin.bias) if p is not None)
+        own = (self.weight, self.bias) if self.fused else ()
+        return any(p.requires_grad for lin in self._linears() for p in (lin.weight, lin.bias) if p is not None) or \
+            any(p is not None and p.requires_grad for p in own)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)

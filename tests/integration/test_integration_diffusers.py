@@ -330,6 +330,35 @@ def test_uninject_undoes_the_flux_merges():
     assert "_tk_merged" not in vars(joint) and "_apply" not in vars(joint)
 
 
+def test_a_model_fused_by_diffusers_is_merged_with_its_own_fused_projections():
+    """After diffusers' fuse_qkv_projections() the attentions hold to_qkv / to_added_qkv: inject reads
+    them as the merge (no third copy of the weights, the children untouched), the output is the fused
+    model's exactly, and after uninject unfuse_qkv_projections() works and gives the unfused output."""
+    model, inputs = small_flux(), flux_inputs()
+    with torch.no_grad():
+        unfused = model(**inputs)[0]
+    model.fuse_qkv_projections()
+    with torch.no_grad():
+        expected = model(**inputs)[0]
+    joint = model.transformer_blocks[0].attn
+    children = {n: getattr(joint, n).weight.data_ptr() for n in ("to_q", "to_k", "to_v", "add_q_proj")}
+    before = sum({p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in model.parameters()}.values())
+    report = inject(model, EAGER_TK)
+    assert report.replaced["flux_merged_projections"] == 2, report
+    assert joint._tk_merged["qkv"].weight is joint.to_qkv.weight and joint._tk_merged["qkv"].fused
+    assert joint._tk_merged["added_qkv"].weight is joint.to_added_qkv.weight
+    assert {n: getattr(joint, n).weight.data_ptr() for n in children} == children, "the children were re-merged"
+    after = sum({p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in model.parameters()}.values())
+    assert after == before, "a copy of the fused weights was made"
+    with torch.no_grad():
+        torch.testing.assert_close(model(**inputs)[0], expected, rtol=0, atol=0)
+    uninject(model)
+    model.unfuse_qkv_projections()
+    assert not hasattr(joint, "to_qkv") and not getattr(joint, "fused_projections", False)
+    with torch.no_grad():
+        torch.testing.assert_close(model(**inputs)[0], unfused, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("strict", [False, True])
 def test_linear_gelu_falls_back_under_autocast_logged_once_or_raised(caplog, strict):
     """Under autocast the FFN's GELU(tanh) runs its projection (autocast's dtype), then the gelu
