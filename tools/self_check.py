@@ -12,6 +12,9 @@ sys.path[:0] = [str(Path(__file__).resolve().parent.parent), str(Path(__file__).
 from transformer_kernels_integrations.loading import REPO_ID, ROOT, load_kernel, use_local_build  # noqa: E402
 
 
+MANYLINUX = "manylinux_2_28"
+
+
 def main() -> None:
     use_local_build()
     tk = load_kernel()
@@ -31,9 +34,15 @@ def main() -> None:
 
     from kernel_abi_check import ObjectFile
 
-    so = next(variant.glob("*.abi3.so"))
-    problems = ObjectFile(str(so)).check_python_abi("3.9")
+    so = ObjectFile(str(next(variant.glob("*.abi3.so"))))
+    problems = so.check_python_abi("3.9")
     print(f"  Python limited API 3.9: {'ok' if not problems else problems}")
+    # Informational: a local build links against this host's glibc; only the Nix (Hub) build promises
+    # manylinux_2_28 (kernel-abi-check, as kernel-builder runs it there).
+    newer = so.check_manylinux(MANYLINUX)
+    print(f"  {MANYLINUX} (kernel-abi-check): " + ("ok" if not newer else
+          "this local build needs " + ", ".join(f"{s.name} ({s.dep} {s.version})" for s in newer) +
+          "; only the Nix (Hub) build promises manylinux_2_28"))
     if torch.cuda.is_available():
         print(f"  GPU present ({torch.cuda.get_device_name()}): run scripts/test.sh and scripts/main.sh")
     else:

@@ -127,3 +127,21 @@ def test_quiet_build_shows_ninja_progress_and_the_whole_log_on_failure(capsys):
     with pytest.raises(SystemExit, match="command failed"):
         bk._run_quiet([sys.executable, "-c", "print('error: the real reason'); raise SystemExit(2)"], env=None)
     assert "error: the real reason" in capsys.readouterr().err
+
+
+def test_self_check_reports_the_python_abi_and_manylinux(tmp_path):
+    """tools/self_check.py (scripts/main.sh without a GPU) loads the build and prints kernel-abi-check's
+    findings: the limited API (which fails it) and manylinux_2_28 (which it reports, naming each newer
+    symbol: a local build uses this host's glibc)."""
+    import sys
+    from pathlib import Path
+
+    root = Path(bk.__file__).resolve().parents[1]
+    if not list((root / "build").glob("torch*/metadata.json")):
+        pytest.skip("no build under build/")
+    pytest.importorskip("kernel_abi_check")
+    out = subprocess.run([sys.executable, str(root / "tools" / "self_check.py")], capture_output=True, text=True,
+                         cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "Python limited API 3.9: ok" in out.stdout
+    assert re.search(r"manylinux_2_28 \(kernel-abi-check\): (ok|this local build needs .+GLIBC \d+\.\d+)", out.stdout)
