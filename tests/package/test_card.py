@@ -33,3 +33,11 @@ def test_card_renders_with_what_kernel_builder_fills_in():
     assert f"kernels benchmark {context['repo_id']} --version 1" in card
     assert all(f"- `{name}`" in card for name in context["functions"] + context["layers"])
     assert "{{" not in card and "{%" not in card
+
+
+def test_the_card_lists_public_functions_only():
+    """The card's function list is the package's __all__ (as kernel-builder fills it): no internal
+    plumbing (the op namespace and its prefixer), and every name a function or a module of the package."""
+    functions = card_context()["functions"]
+    assert not {"ops", "add_op_namespace_prefix"} & set(functions), functions
+    assert {"rms_norm", "quantize_fp8", "has_backward"} <= set(functions)

@@ -52,3 +52,34 @@ def test_the_readme_gives_the_suite_s_test_count():
     assert collected, out[-2000:]
     assert int(stated.group(1)) == int(collected.group(1)), (
         f"README.md says {stated.group(1)} tests; `pytest --collect-only` collects {collected.group(1)} here")
+
+
+# The README's names of the micro cases whose results of record predate the cases' renames
+# (benchmarks/NOTES.md §Method, "Case names").
+RECORD_NAMES = {"apply_rotary_pos_emb": "rope (hf neox)", "rotary_embedding (vLLM)": "rope (vllm cached, in place)",
+                "flux_rope": "rope (flux interleaved)", "ltx_rope": "rope (ltx interleaved)",
+                "ltx_rope_from_coords": "rope (ltx from coords)", "ltx_qk_norm_rope": "qk_norm_rope (ltx)",
+                "hf_qk_norm_rope (Qwen3-8B)": "qk_norm_rope (qwen3)"}
+ROW = re.compile(r"^\| (?P<case>[^|]+?) \| (?P<ours>\d+) GB/s \((?P<pct>\d+) %\) \| (?P<impl>[a-z ]+?) (?P<base>\d+) \| "
+                 r"(?P<ratio>[\d.]+)× \|$", re.MULTILINE)
+
+
+def test_the_readme_s_micro_results_are_the_committed_ones():
+    """Every GB/s row of the README's results table is in the micro-benchmark results of record it
+    cites: ours (GB/s and % of copy) and the named baseline of the same case, and their ratio."""
+    readme = (ROOT / "README.md").read_text()
+    cited = re.search(r"benchmarks/results/(micro-[\w.-]+)\.md", readme)
+    records = json.loads((ROOT / "benchmarks" / "results" / f"{cited.group(1)}.json").read_text())["results"]
+    rows = list(ROW.finditer(readme))
+    assert len(rows) >= 15, "the README's results table changed its format"
+    for row in rows:
+        case = row["case"]
+        name = next((RECORD_NAMES[k] for k in RECORD_NAMES if case.startswith(k + " ")), case.split(" ")[0])
+        ours = [r for r in records if r["impl"] == "ours" and (r["op"] == name or r["op"].startswith(name + " "))
+                and round(r["gbps"]) == int(row["ours"]) and round(r["pct_copy"]) == int(row["pct"])]
+        assert ours, f"README row {case!r}: no 'ours' record of {name!r} at {row['ours']} GB/s ({row['pct']} %)"
+        group = [r for r in records if (r["op"], r["shape"], r["dtype"]) == (ours[0]["op"], ours[0]["shape"],
+                                                                               ours[0]["dtype"])]
+        base = [r for r in group if r["impl"] == row["impl"] and round(r["gbps"]) == int(row["base"])]
+        assert base, f"README row {case!r}: no {row['impl']} record at {row['base']} GB/s in the same case"
+        assert float(row["ratio"]) == round(ours[0]["gbps"] / base[0]["gbps"], 2), f"README row {case!r}: ratio"

@@ -1,6 +1,8 @@
 """transformer-kernels: fused CUDA kernels for Hugging Face diffusers and transformers models.
 
-Every op is registered in C++ under this build's op namespace (reach it through ``ops``) and has
+Every op is registered in C++ under this build's op namespace (reach it through ``ops``, and its
+qualified names through ``add_op_namespace_prefix``: both importable, not part of ``__all__``, the
+public functions the kernel card lists) and has
 a fake implementation, so it runs under ``torch.compile(fullgraph=True)`` without graph breaks.
 A function has the name of the op it calls, except where it keeps the name of the library function
 it replaces (``apply_rotary_pos_emb``, vLLM's ``rotary_embedding``, ``silu_and_mul``, ...) or is
@@ -12,7 +14,7 @@ refuse inputs that require grad under grad mode instead of dropping their gradie
 
 from . import layers
 from ._autograd import has_backward
-from ._ops import add_op_namespace_prefix, ops
+from ._ops import add_op_namespace_prefix, ops  # noqa: F401 (importable plumbing, not in __all__)
 from .activation import (
     act_mul,
     geglu,
@@ -53,7 +55,6 @@ from .rope import (
 __all__ = [
     "act_mul",
     "add_group_norm",
-    "add_op_namespace_prefix",
     "apply_rotary_pos_emb",
     "apply_rotary_pos_emb_",
     "flux_rope",
@@ -78,7 +79,6 @@ __all__ = [
     "ltx_rope",
     "ltx_rope_from_coords",
     "norm_modulate",
-    "ops",
     "qk_norm_rope",
     "quantize_fp8",
     "rms_norm",
