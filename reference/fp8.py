@@ -22,10 +22,13 @@ AMAX_FLOOR = 9.999999960041972e-13
 
 
 def e4m3_round(v: torch.Tensor) -> torch.Tensor:
-    """``v`` (rounded to fp32 first) to e4m3: nearest even, saturating at ±448 (±inf too); NaN stays
-    NaN. torch's own cast is the same below 464 in magnitude but gives NaN beyond, hence the clamp."""
+    """``v`` (rounded to fp32 first) to e4m3: nearest even, saturating at ±448 (±inf too); NaN becomes
+    the positive NaN code 0x7F, as the GPU's conversion of its canonical NaN gives (a CPU's inf / inf
+    is a negative NaN). torch's own cast is the same below 464 in magnitude but gives NaN beyond,
+    hence the clamp."""
     v32 = v.float()
-    return torch.where(v32.isnan(), v32, v32.clamp(-E4M3_MAX, E4M3_MAX)).to(torch.float8_e4m3fn)
+    nan = torch.tensor(float("nan"), dtype=torch.float32)
+    return torch.where(v32.isnan(), nan, v32.clamp(-E4M3_MAX, E4M3_MAX)).to(torch.float8_e4m3fn)
 
 
 def e4m3_spacing(v: torch.Tensor) -> torch.Tensor:

@@ -133,6 +133,7 @@ def test_quantize_fp8(tk, dtype):
     assert codes.dtype == torch.float8_e4m3fn and scale.shape == (67, 1)
     quotient = x.double() / scale.double()
     spacing = torch.exp2(torch.floor(torch.log2(quotient.abs().clamp(min=2.0**-6))) - 3)
-    assert ((codes.double() - quotient).abs() <= spacing / 2 * (1 + 1e-6)).all()
+    # the kernel's quotient is rounded to fp32 (2^-24 relative) before e4m3: a 1e-5 slack covers it
+    assert ((codes.double() - quotient).abs() <= spacing / 2 * (1 + 1e-5)).all()
     assert (codes.float().abs().amax(-1) == 448).all()
     assert torch.allclose(scale.double().squeeze(-1), x.double().abs().amax(-1) / 448, rtol=1e-6, atol=0)
