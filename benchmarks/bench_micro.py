@@ -702,6 +702,30 @@ def activation_rope_backward_cases(tk, quick: bool) -> Iterator[Case]:
                note="Flux 1024x1024 (4096 image + 512 text tokens)")
 
 
+# (tokens, in_features, out_features, where): an LTX-Video 2B step's GEMMs (CFG batch 2: 5376 tokens) and a
+# Llama-3.1-8B prefill of 2048 tokens.
+LINEAR_FP8_SHAPES = [(5376, 2048, 8192, "LTX-Video 2B FFN up"), (5376, 8192, 2048, "LTX-Video 2B FFN down"),
+                     (5376, 2048, 2048, "LTX-Video 2B attention projection"), (2048, 4096, 14336, "Llama-3.1-8B MLP up")]
+
+
+def linear_fp8_cases(tk, quick: bool) -> Iterator[Case]:
+    """The FP8 GEMM on quantized operands (codes and row/channel scales made once, outside the timing):
+    ours (cuBLASLt, outer-vector scales) against F.linear in bf16 and torch._scaled_mm row-wise on the
+    same codes and scales (what torchao's row-wise FP8 runs). Compute-bound: compare the times."""
+    for tokens, k, n, where in LINEAR_FP8_SHAPES[:1] if quick else LINEAR_FP8_SHAPES:
+        x = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16)
+        w = (torch.randn(n, k, device="cuda") / k**0.5).to(torch.bfloat16)
+        xq, xs = tk.quantize_fp8(x)
+        wq, ws = tk.quantize_fp8(w)
+        impls = {"ours": lambda: tk.linear_fp8(xq, xs, wq, ws, None, torch.bfloat16, "none"),
+                 "F.linear bf16": lambda: F.linear(x, w),
+                 "torch _scaled_mm row-wise": lambda: torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=ws.t(),
+                                                                      out_dtype=torch.bfloat16)}
+        moved = xq.numel() + wq.numel() + tokens * n * 2
+        yield Case("linear_fp8", f"{tokens}x{k}->{n}", "float8_e4m3fn", moved, impls,
+                   note=f"{where}; {2 * tokens * k * n / 1e12:.2f} TFLOP")
+
+
 def eager_quantize_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Row-wise dynamic FP8 as torchao's recipe computes it in eager PyTorch (its compile is what
     torchao + torch.compile runs before each FP8 GEMM)."""
@@ -726,7 +750,8 @@ OPS = {"rms_norm": rms_norm_cases, "activation": activation_cases, "fused_add_rm
        "linear_gelu": linear_gelu_cases, "norm_backward": norm_backward_cases,
        "qk_norm_rope_backward": qk_norm_rope_backward_cases,
        "activation_rope_backward": activation_rope_backward_cases, "group_norm": group_norm_cases,
-       "group_norm_vae": group_norm_vae_cases, "quantize_fp8": quantize_fp8_cases}
+       "group_norm_vae": group_norm_vae_cases, "quantize_fp8": quantize_fp8_cases,
+       "linear_fp8": linear_fp8_cases}
 
 
 

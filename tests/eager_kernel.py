@@ -112,7 +112,15 @@ IMPLS = {
     "ltx_qk_norm_rope_from_coords": lambda q, k, qw, kw, eps, grid, freqs: diffusers_qk_norm_rope(
         q, k, qw, kw, eps, *_tables(grid, freqs, q.shape[-1])),
     "quantize_fp8": lambda x: tuple(t.contiguous() for t in quantize_fp8_rowwise(x)),
+    "linear_fp8": lambda x, xs, w, ws, b, dtype, act: _linear_fp8(x, xs, w, ws, b, dtype, act),
 }
+
+
+def _linear_fp8(x, x_scale, weight, weight_scale, bias, out_dtype, activation):
+    """The FP8 linear on the dequantized operands in fp32 (the GEMM's accumulator), rounded once."""
+    out = F.linear(x.float() * x_scale, weight.float() * weight_scale.reshape(-1, 1),
+                   None if bias is None else bias.float())
+    return (F.gelu(out, approximate="tanh") if activation == "gelu_tanh" else out).to(out_dtype)
 
 
 # ---- backward ops, in closed form (the impls run below the Autograd key: no autograd in here) ----

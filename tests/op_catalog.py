@@ -537,7 +537,25 @@ def _gemm_entries():
             return (m.nan((B, S, LINEAR_OUT_FEATURES), lay), x, w, b), (0,)
         return build
 
+    def fp8(bias: bool, activation: str):
+        """linear_fp8 on quantize_fp8's codes of x and of the weight (reference/fp8.py, drawn on the
+        CPU): out_dtype is the case's dtype, bfloat16 for float32 (FP8 GEMMs give 16-bit outputs)."""
+        from reference.fp8 import quantize_fp8_rowwise
+
+        def build(m, case):
+            (B, S, K), _ = _rows(m, case)
+            out_dtype = torch.bfloat16 if m.dtype == torch.float32 else m.dtype
+            x_codes, x_scale = quantize_fp8_rowwise(m.values((B, S, K), scale=1.0, offset=0.0))
+            w_codes, w_scale = quantize_fp8_rowwise(m.values((LINEAR_OUT_FEATURES, K), scale=0.05, offset=0.0))
+            b = m.place(m.values((LINEAR_OUT_FEATURES,), scale=0.5, offset=0.0), dtype=out_dtype) if bias else None
+            return (m.place(x_codes, dtype=torch.float8_e4m3fn), m.place(x_scale, dtype=torch.float32),
+                    m.place(w_codes, dtype=torch.float8_e4m3fn), m.place(w_scale.squeeze(-1), dtype=torch.float32),
+                    b, out_dtype, activation), ()
+        return build
+
     return {
+        "linear_fp8": ("linear_fp8", fp8(True, "gelu_tanh")),
+        "linear_fp8[no_bias]": ("linear_fp8", fp8(False, "none")),
         "linear_gelu": ("linear_gelu", linear(True, False)),
         "linear_gelu[no_bias]": ("linear_gelu", linear(False, False)),
         "linear_gelu_out": ("linear_gelu_out", linear(True, True)),
@@ -647,7 +665,16 @@ ENTRIES: dict[str, tuple[str, str, Callable]] = {
 COVERED_OPS = sorted({op for _, op, _ in ENTRIES.values()} | set(QUERY_OPS))
 
 
+# Entries that take fewer cases than their family: the FP8 GEMM wants rows of a multiple of 16 bytes,
+# 16-byte aligned (no odd, unaligned, padded-stride or split widths), and with a bias rows of at least one
+# element (in_features 0 with a bias is refused).
+ENTRY_CASES = {"linear_fp8": ("small", "aligned", "wide", "empty"),
+               "linear_fp8[no_bias]": ("small", "aligned", "wide", "empty", "empty_width")}
+
+
 def cases_of(name: str) -> tuple[str, ...]:
+    if name in ENTRY_CASES:
+        return ENTRY_CASES[name]
     family = ENTRIES[name][0]
     shapes = {"rope": ROPE_SHAPES, "qk_norm_rope": ROPE_SHAPES, "group_norm": GROUP_NORM_SHAPES}.get(family, ROW_SHAPES)
     return tuple(c for c in CASES if c in shapes and (family != "loss" or c in LOSS_CASES))

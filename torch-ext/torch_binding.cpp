@@ -136,6 +136,10 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   ops.def("linear_gelu_out(Tensor! out, Tensor x, Tensor weight, Tensor? bias) -> ()");
   // Whether linear_gelu takes the epilogue for these arguments on this GPU (a host query).
   ops.def("linear_gelu_fused(Tensor x, Tensor weight, Tensor? bias) -> bool");
+  // The FP8 linear: act((x * x_scale) @ (weight * weight_scale)^T + bias) as one cuBLASLt FP8 matmul, x and
+  // weight float8_e4m3fn with per-row and per-output-channel float32 scales (quantize_fp8's), act "none" | "gelu_tanh".
+  ops.def("linear_fp8(Tensor x, Tensor x_scale, Tensor weight, Tensor weight_scale, Tensor? bias, ScalarType out_dtype, "
+          "str activation) -> Tensor");
 
   // GroupNorm of x [N, C, *spatial] (channels-first or channels-last, kept), as F.group_norm computes it
   // on CUDA, with activation "none" | "silu" applied to the rounded result; add_group_norm normalizes
@@ -186,6 +190,7 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
     ops.impl("linear_gelu", key, &tk::linear_gelu);
     ops.impl("linear_gelu_out", key, &tk::linear_gelu_out);
     ops.impl("linear_gelu_fused", key, &tk::linear_gelu_fused);
+    ops.impl("linear_fp8", key, &tk::linear_fp8);
     ops.impl("group_norm", key, &tk::group_norm);
     ops.impl("group_norm_out", key, &tk::group_norm_out);
     ops.impl("add_group_norm", key, &tk::add_group_norm);

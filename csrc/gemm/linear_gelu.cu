@@ -15,6 +15,7 @@
 #include "common/alloc.h"
 #include "common/checks.h"
 #include "common/dispatch.h"
+#include "gemm/gemm_binding.h"
 #include "gemm/linear_gelu.cuh"
 #include "gemm/ops.h"
 
@@ -56,19 +57,6 @@ std::optional<GemmDtype> epilogue_dtype(c10::ScalarType t) {
   return std::nullopt;
 }
 
-// The row stride of t seen as a matrix [rows, t.size(-1)]: its leading dimensions merge into one
-// and its rows are contiguous. nullopt where they do not (the fallback takes any strides).
-std::optional<int64_t> matrix_ld(const at::Tensor& t) {
-  if (t.size(-1) > 1 && t.stride(-1) != 1) return std::nullopt;
-  RowIndexer rows;
-  if (!make_row_indexer(t.sizes().data(), t.strides().data(), static_cast<int>(t.dim()) - 1, &rows) ||
-      rows.ndim != 1)
-    return std::nullopt;
-  // A single row (or one column) has no meaningful stride; cuBLASLt wants ld >= the row length.
-  const int64_t ld = num_rows(t) <= 1 ? t.size(-1) : rows.strides[0];
-  return ld >= t.size(-1) ? std::optional<int64_t>(ld) : std::nullopt;
-}
-
 // The epilogue's parameters, or nullopt where the dtype or layout rules it out (cuBLASLt decides
 // the rest).
 std::optional<LinearGeluParams> epilogue_params(const at::Tensor& x, const at::Tensor& weight,
@@ -92,9 +80,6 @@ std::optional<LinearGeluParams> epilogue_params(const at::Tensor& x, const at::T
   return p;
 }
 
-GemmWorkspace torch_workspace() {
-  return {at::cuda::getCUDABlasLtWorkspace(), at::cuda::getCUDABlasLtWorkspaceSize()};
-}
 
 // F.linear, then gelu_tanh into out with our activation kernel (the rounding of the eager pair).
 void linear_then_gelu(const at::Tensor& x, const at::Tensor& weight, const OptTensor& bias, at::Tensor& out) {

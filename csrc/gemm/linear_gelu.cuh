@@ -13,7 +13,8 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <memory>
+
+#include "gemm/cublaslt.cuh"
 
 namespace transformer_kernels {
 
@@ -33,22 +34,7 @@ struct LinearGeluParams {
   GemmDtype dtype;  // of x, weight, bias and out
 };
 
-struct GemmWorkspace {
-  void* ptr;  // device memory the matmul may use, valid for work queued on the stream
-  size_t bytes;
-};
-
 namespace linear_gelu_detail {
-
-constexpr uint32_t kMaxAlignmentBytes = 256;  // the largest alignment cuBLASLt's preference takes
-
-// The alignment cuBLASLt may assume for a matrix: its base address and its leading dimension.
-inline uint32_t alignment(const void* ptr, int64_t ld_bytes) {
-  const auto address = reinterpret_cast<uintptr_t>(ptr) | static_cast<uintptr_t>(ld_bytes);
-  uint32_t a = kMaxAlignmentBytes;
-  while (a > 1 && address % a != 0) a /= 2;
-  return a;
-}
 
 constexpr size_t kElementBytes = 2;  // both GemmDtypes
 
@@ -57,31 +43,6 @@ inline cudaDataType_t data_type(GemmDtype t) {
     case GemmDtype::kFloat16: return CUDA_R_16F;
     default: return CUDA_R_16BF;
   }
-}
-
-// Owners of cuBLASLt's opaque descriptors.
-struct DescDeleter {
-  void operator()(cublasLtMatmulDescOpaque_t* d) const { cublasLtMatmulDescDestroy(d); }
-  void operator()(cublasLtMatrixLayoutOpaque_t* d) const { cublasLtMatrixLayoutDestroy(d); }
-  void operator()(cublasLtMatmulPreferenceOpaque_t* d) const { cublasLtMatmulPreferenceDestroy(d); }
-};
-using MatmulDesc = std::unique_ptr<cublasLtMatmulDescOpaque_t, DescDeleter>;
-using Layout = std::unique_ptr<cublasLtMatrixLayoutOpaque_t, DescDeleter>;
-using Preference = std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, DescDeleter>;
-
-#define TK_CUBLAS_TRY(call)                                 \
-  do {                                                      \
-    const cublasStatus_t tk_status_ = (call);               \
-    if (tk_status_ != CUBLAS_STATUS_SUCCESS) return tk_status_; \
-  } while (0)
-
-template <typename Attr, typename V>
-cublasStatus_t set(cublasLtMatmulDesc_t d, Attr attr, const V& value) {
-  return cublasLtMatmulDescSetAttribute(d, attr, &value, sizeof(value));
-}
-template <typename V>
-cublasStatus_t set_pref(cublasLtMatmulPreference_t d, cublasLtMatmulPreferenceAttributes_t attr, const V& value) {
-  return cublasLtMatmulPreferenceSetAttribute(d, attr, &value, sizeof(value));
 }
 
 }  // namespace linear_gelu_detail
@@ -94,6 +55,7 @@ cublasStatus_t set_pref(cublasLtMatmulPreference_t d, cublasLtMatmulPreferenceAt
 inline cublasStatus_t LinearGelu(cublasLtHandle_t handle, const LinearGeluParams& p, GemmWorkspace workspace,
                                   cudaStream_t stream, bool launch = true) {
   using namespace linear_gelu_detail;
+  using namespace cublaslt;
   const cudaDataType_t type = data_type(p.dtype);
   cublasLtMatmulDesc_t raw_desc = nullptr;
   TK_CUBLAS_TRY(cublasLtMatmulDescCreate(&raw_desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -133,6 +95,5 @@ inline cublasStatus_t LinearGelu(cublasLtHandle_t handle, const LinearGeluParams
                         workspace.ptr, workspace.bytes, stream);
 }
 
-#undef TK_CUBLAS_TRY
 
 }  // namespace transformer_kernels

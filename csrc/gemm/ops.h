@@ -1,4 +1,4 @@
-// The torch entry points of linear + GELU (csrc/gemm/linear_gelu.cu): the C++ signatures of its op
+// The torch entry points of the gemm family (csrc/gemm/: linear + GELU, the FP8 linear): the C++ signatures of its op
 // schemas, registered in torch-ext/torch_binding.cpp. The family's .cu files include this header,
 // so a definition that drifts from its declaration fails to compile.
 #pragma once
@@ -19,5 +19,11 @@ void linear_gelu_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& wei
 // Whether linear_gelu(x, weight, bias) runs as one cuBLASLt matmul with the GELU epilogue here
 // (else it takes the separate GEMM and activation); a host query, for tests and benchmarks.
 bool linear_gelu_fused(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias);
+// x [..., K] float8_e4m3fn with x_scale [..., 1] float32, weight [N, K] float8_e4m3fn with weight_scale [N]
+// float32, bias [N] in out_dtype (bfloat16/float16), activation "none" | "gelu_tanh" ->
+// act((x * x_scale) @ (weight * weight_scale)^T + bias) [..., N] in out_dtype (csrc/gemm/linear_fp8.cuh).
+at::Tensor linear_fp8(const at::Tensor& x, const at::Tensor& x_scale, const at::Tensor& weight,
+                      const at::Tensor& weight_scale, const std::optional<at::Tensor>& bias, c10::ScalarType out_dtype,
+                      std::string_view activation);
 
 }  // namespace transformer_kernels

@@ -217,6 +217,17 @@ def _cases():
 
     c["quantize_fp8"] = (lambda: {"x": _rand(2, 512, 2048, scale=3.0)}, quantize)
 
+    # the FP8 linear of LTX's FFN input projection on quantized operands (codes and scales as inputs)
+    def fp8_inputs():
+        from reference.fp8 import quantize_fp8_rowwise
+
+        x, xs = quantize_fp8_rowwise(_rand(2, 512, 2048).cpu())
+        w, ws = quantize_fp8_rowwise(_rand(8192, 2048, scale=0.02).cpu())
+        return {"x": x.cuda(), "xs": xs.cuda(), "w": w.cuda(), "ws": ws.squeeze(-1).cuda(), "b": _rand(8192, scale=0.1)}
+
+    c["linear_fp8"] = (fp8_inputs, lambda tk, t: (tk.ops.linear_fp8.default(
+        t["x"], t["xs"], t["w"], t["ws"], t["b"], torch.bfloat16, "gelu_tanh"),))
+
     # ---- training: the backward ops (a training step captured whole) and the fused linear cross-entropy ----
     c["activation_backward"] = (act, lambda tk, t: (tk.ops.activation_backward.default(t["y"], t["x"], "gelu_tanh"),))
     c["act_and_mul_backward"] = (act, lambda tk, t: (tk.ops.act_and_mul_backward.default(

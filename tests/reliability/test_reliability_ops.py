@@ -96,6 +96,9 @@ def check_empty(tk, name, device):
             outs = call(tk)
             what = f"{name} {case} {dtype}"
             assert outs, what
+            if call.op == "linear_fp8" and case == "empty_width":  # no bias: sums of nothing
+                assert len(outs) == 1 and bool((outs[0].float() == 0).all()), what
+                continue
             if family == "gemm" and case == "empty_width":
                 x, w, b = call.args[-3:]
                 ref = torch.nn.functional.gelu(torch.nn.functional.linear(x, w, b), approximate="tanh")

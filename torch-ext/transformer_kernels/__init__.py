@@ -25,7 +25,7 @@ from .activation import (
     silu_and_mul,
 )
 from .group_norm import add_group_norm, group_norm
-from .gemm import linear_gelu, linear_gelu_fused
+from .gemm import linear_fp8, linear_gelu, linear_gelu_fused
 from .loss import fused_linear_cross_entropy
 from .norm import (
     fused_add_rms_norm,
@@ -72,6 +72,7 @@ __all__ = [
     "hf_qk_norm_rope",
     "layer_norm",
     "layers",
+    "linear_fp8",
     "linear_gelu",
     "linear_gelu_fused",
     "ltx_qk_norm_rope",

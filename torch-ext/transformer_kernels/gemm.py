@@ -13,6 +13,7 @@ from typing import Optional
 
 import torch
 
+from ._autograd import dispatch
 from ._fake import register_fake
 from ._ops import add_op_namespace_prefix, ops
 
@@ -60,9 +61,38 @@ def linear_gelu_fused(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torc
     return _linear_gelu_fused(x, weight, bias)
 
 
+def linear_fp8(x: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+               bias: Optional[torch.Tensor] = None, out_dtype: torch.dtype = torch.bfloat16,
+               activation: str = "none") -> torch.Tensor:
+    """The FP8 linear layer: ``act((x * x_scale) @ (weight * weight_scale).T + bias)`` as one cuBLASLt
+    FP8 (e4m3) matmul. The scales multiply the fp32 accumulator (cuBLASLt's outer-vector scaling:
+    one per row of x, one per output channel), then the bias and the optional tanh-GELU are applied
+    (its epilogue) and the result is rounded once to ``out_dtype``. Needs a GPU with FP8 tensor
+    cores (compute capability 8.9 or later); no gradient.
+
+    Parameters
+    ----------
+    x, x_scale : torch.Tensor
+        ``[..., in_features]`` ``torch.float8_e4m3fn`` and its ``[..., 1]`` float32 scales, as
+        ``quantize_fp8(x)`` returns them; rows one stride apart.
+    weight, weight_scale : torch.Tensor
+        ``[out_features, in_features]`` ``torch.float8_e4m3fn`` and ``[out_features]`` (or
+        ``[out_features, 1]``) float32 scales: ``quantize_fp8(linear.weight)`` quantizes each output
+        channel (each row of the weight). in_features and out_features multiples of 16.
+    bias : torch.Tensor, optional
+        ``[out_features]`` in ``out_dtype``.
+    out_dtype : torch.dtype
+        ``torch.bfloat16`` or ``torch.float16``.
+    activation : str
+        ``"none"`` or ``"gelu_tanh"``.
+    """
+    return dispatch(_linear_fp8, x, x_scale, weight, weight_scale, bias, out_dtype, activation)
+
+
 _linear_gelu = ops.linear_gelu.default
 _linear_gelu_out = ops.linear_gelu_out.default
 _linear_gelu_fused = ops.linear_gelu_fused.default
+_linear_fp8 = ops.linear_fp8.default
 
 
 # ---- fake (meta) implementations ----
@@ -90,6 +120,12 @@ def _(out, x, weight, bias):
     torch._check(tuple(out.shape) == tuple(shape),
                  lambda: f"linear_gelu: out must have the shape {tuple(shape)}, got {tuple(out.shape)}")
     torch._check(out.dtype == x.dtype, lambda: f"linear_gelu: out must have dtype {x.dtype}, got {out.dtype}")
+
+
+@register_fake("linear_fp8")
+def _(x, x_scale, weight, weight_scale, bias, out_dtype, activation):
+    torch._check(x.dim() >= 1, lambda: "linear_fp8: x must have at least one dimension")
+    return x.new_empty((*x.shape[:-1], weight.shape[0]), dtype=out_dtype)
 
 
 @register_fake("linear_gelu_fused")
