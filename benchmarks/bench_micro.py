@@ -702,6 +702,37 @@ def activation_rope_backward_cases(tk, quick: bool) -> Iterator[Case]:
                note="Flux 1024x1024 (4096 image + 512 text tokens)")
 
 
+# Shapes nobody tunes to (issue 35, item 5): token counts from 1 to a few thousand that are not powers
+# of two, widths that are not multiples of 64 (two not of 8). Drawn once (random.Random(20261202)) and
+# kept, so that runs compare.
+UNTUNED_SHAPES = [(1, 1598), (83, 7906), (111, 4659), (418, 2450), (3990, 1598), (4590, 7906)]
+
+
+def untuned_cases(tk, quick: bool) -> Iterator[Case]:
+    """rms_norm, fused_add_rms_norm, silu_and_mul and gelu (tanh) at UNTUNED_SHAPES, bf16, against the
+    same baselines as their tuned cases (one-token rows are host-bound: timed per call)."""
+    eps = 1e-6
+    liger_add = liger_fn("fused_add_rms_norm", "LigerFusedAddRMSNormFunction")
+    for rows, hidden in UNTUNED_SHAPES[:2] if quick else UNTUNED_SHAPES:
+        note = "untuned shape"
+        latency = rows <= 4
+        yield rms_norm_case(tk, rows, hidden, torch.bfloat16, note)
+        x = torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16)
+        r = torch.randn_like(x)
+        w = (torch.rand(hidden, device="cuda") + 0.5).to(torch.bfloat16)
+        yield Case("fused_add_rms_norm", f"{rows}x{hidden}", "bfloat16", 4 * nbytes(x) + nbytes(w),
+                   with_baselines(lambda: tk.fused_add_rms_norm(x, r, w, eps),
+                                  lambda x, r, w: hf_fused_add_rms_norm(x, r, w, eps), (x, r, w),
+                                  liger=liger_add, liger_args=(x, r, w, eps)), latency=latency, note=note)
+        p = torch.randn(rows, 2 * hidden, device="cuda", dtype=torch.bfloat16)
+        yield Case("silu_and_mul", f"{rows}x(2x{hidden})", "bfloat16", nbytes(p) * 3 // 2,
+                   with_baselines(lambda: tk.silu_and_mul(p), lambda p: eager_act_and_mul(p, "silu", act_first=True),
+                                  (p,)), latency=latency, note=note)
+        yield Case("gelu (tanh)", f"{rows}x{hidden}", "bfloat16", 2 * nbytes(x),
+                   with_baselines(lambda: tk.gelu(x, "tanh"), lambda h: eager_activation(h, "gelu_tanh"), (x,),
+                                  eager_name="native"), latency=latency, note=note)
+
+
 # (tokens, in_features, out_features, where): an LTX-Video 2B step's GEMMs (CFG batch 2: 5376 tokens) and a
 # Llama-3.1-8B prefill of 2048 tokens.
 LINEAR_FP8_SHAPES = [(5376, 2048, 8192, "LTX-Video 2B FFN up"), (5376, 8192, 2048, "LTX-Video 2B FFN down"),
@@ -751,7 +782,7 @@ OPS = {"rms_norm": rms_norm_cases, "activation": activation_cases, "fused_add_rm
        "qk_norm_rope_backward": qk_norm_rope_backward_cases,
        "activation_rope_backward": activation_rope_backward_cases, "group_norm": group_norm_cases,
        "group_norm_vae": group_norm_vae_cases, "quantize_fp8": quantize_fp8_cases,
-       "linear_fp8": linear_fp8_cases}
+       "linear_fp8": linear_fp8_cases, "untuned": untuned_cases}
 
 
 
