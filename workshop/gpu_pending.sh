@@ -14,5 +14,5 @@ bash workshop/run_stages.sh "$1" \
   'build|150|python3 tools/build_kernel.py --archs native' \
   'fp8_tests|150|python3 -m pytest -n 8 -v -p no:cacheprovider -rs --junitxml=$R/junit-fp8.xml tests/quant tests/gemm/test_linear_fp8.py tests/reliability tests/package/test_kernels_ci.py -k "fp8 or quantize"' \
   'remaining|150|TK_ONLY_NODEIDS=workshop/remaining-nodeids.txt python3 -m pytest -n 16 -v -p no:cacheprovider -rs --junitxml=$R/junit-rest.xml' \
-  'bench|90|python3 benchmarks/bench_micro.py --ops quantize_fp8 linear_fp8 --out $R' \
+  'bench|120|python3 benchmarks/bench_micro.py --ops quantize_fp8 linear_fp8 untuned --out $R' \
   'sanitize|60|SANITIZE_TIMEOUT=25 SANITIZE_ENTRIES=fp8 bash scripts/sanitize.sh $R/sanitize memcheck initcheck'
