@@ -56,3 +56,61 @@ cublasStatus_t set_pref(cublasLtMatmulPreference_t d, cublasLtMatmulPreferenceAt
     const cublasStatus_t tk_status_ = (call);                   \
     if (tk_status_ != CUBLAS_STATUS_SUCCESS) return tk_status_; \
   } while (0)
+
+namespace transformer_kernels {
+
+// One row-major linear layer as cuBLASLt sees it (column-major): D [N, M] = op(A) B with A = the
+// weight (row-major [N, K], transposed), B = x (row-major [M, K]); C is D (beta 0). Leading
+// dimensions in elements of each operand's type.
+struct LinearMatmul {
+  const void* weight;
+  cudaDataType_t weight_type;
+  int64_t weight_ld;
+  const void* x;
+  cudaDataType_t x_type;
+  int64_t x_ld;
+  void* out;
+  cudaDataType_t out_type;
+  int64_t out_ld;
+  int64_t m, n, k;
+};
+
+// Asks cuBLASLt's heuristic for an algorithm for `desc` (its epilogue and scales set by the caller)
+// on operands of g's layouts and alignments within `workspace`; when `launch`, queues it on `stream`.
+// CUBLAS_STATUS_NOT_SUPPORTED, having queued nothing, where none is found.
+inline cublasStatus_t RunLinearMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, const LinearMatmul& g,
+                                      GemmWorkspace workspace, cudaStream_t stream, bool launch) {
+  using namespace cublaslt;
+  auto bytes = [](cudaDataType_t t) -> int64_t {
+    return t == CUDA_R_8F_E4M3 || t == CUDA_R_8F_E5M2 ? 1 : t == CUDA_R_32F ? 4 : 2;
+  };
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  TK_CUBLAS_TRY(cublasLtMatrixLayoutCreate(&a, g.weight_type, g.k, g.n, g.weight_ld));
+  const Layout a_owner(a);
+  TK_CUBLAS_TRY(cublasLtMatrixLayoutCreate(&b, g.x_type, g.k, g.m, g.x_ld));
+  const Layout b_owner(b);
+  TK_CUBLAS_TRY(cublasLtMatrixLayoutCreate(&d, g.out_type, g.n, g.m, g.out_ld));
+  const Layout d_owner(d);
+
+  cublasLtMatmulPreference_t raw_pref = nullptr;
+  TK_CUBLAS_TRY(cublasLtMatmulPreferenceCreate(&raw_pref));
+  const Preference pref(raw_pref);
+  const uint32_t out_alignment = alignment(g.out, g.out_ld * bytes(g.out_type));
+  TK_CUBLAS_TRY(set_pref(raw_pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, workspace.bytes));
+  TK_CUBLAS_TRY(set_pref(raw_pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                         alignment(g.weight, g.weight_ld * bytes(g.weight_type))));
+  TK_CUBLAS_TRY(set_pref(raw_pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, alignment(g.x, g.x_ld * bytes(g.x_type))));
+  TK_CUBLAS_TRY(set_pref(raw_pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, out_alignment));
+  TK_CUBLAS_TRY(set_pref(raw_pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, out_alignment));
+
+  cublasLtMatmulHeuristicResult_t heuristic = {};
+  int found = 0;
+  TK_CUBLAS_TRY(cublasLtMatmulAlgoGetHeuristic(handle, desc, a, b, d, d, raw_pref, 1, &heuristic, &found));
+  if (found == 0) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (!launch) return CUBLAS_STATUS_SUCCESS;
+  const float alpha = 1.0f, beta = 0.0f;
+  return cublasLtMatmul(handle, desc, &alpha, g.weight, a, g.x, b, &beta, g.out, d, g.out, d, &heuristic.algo,
+                        workspace.ptr, workspace.bytes, stream);
+}
+
+}  // namespace transformer_kernels

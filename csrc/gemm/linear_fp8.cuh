@@ -64,32 +64,9 @@ inline cublasStatus_t LinearFp8(cublasLtHandle_t handle, const LinearFp8Params& 
     TK_CUBLAS_TRY(set(raw_desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, out_type));
   }
 
-  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
-  TK_CUBLAS_TRY(cublasLtMatrixLayoutCreate(&a, CUDA_R_8F_E4M3, p.k, p.n, p.weight_ld));
-  const Layout a_owner(a);
-  TK_CUBLAS_TRY(cublasLtMatrixLayoutCreate(&b, CUDA_R_8F_E4M3, p.k, p.m, p.x_ld));
-  const Layout b_owner(b);
-  TK_CUBLAS_TRY(cublasLtMatrixLayoutCreate(&d, out_type, p.n, p.m, p.out_ld));
-  const Layout d_owner(d);
-
-  cublasLtMatmulPreference_t raw_pref = nullptr;
-  TK_CUBLAS_TRY(cublasLtMatmulPreferenceCreate(&raw_pref));
-  const Preference pref(raw_pref);
-  constexpr int64_t kOutBytes = 2;  // both output dtypes
-  TK_CUBLAS_TRY(set_pref(raw_pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, workspace.bytes));
-  TK_CUBLAS_TRY(set_pref(raw_pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, alignment(p.weight, p.weight_ld)));
-  TK_CUBLAS_TRY(set_pref(raw_pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, alignment(p.x, p.x_ld)));
-  TK_CUBLAS_TRY(set_pref(raw_pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignment(p.out, p.out_ld * kOutBytes)));
-  TK_CUBLAS_TRY(set_pref(raw_pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alignment(p.out, p.out_ld * kOutBytes)));
-
-  cublasLtMatmulHeuristicResult_t heuristic = {};
-  int found = 0;
-  TK_CUBLAS_TRY(cublasLtMatmulAlgoGetHeuristic(handle, raw_desc, a, b, d, d, raw_pref, 1, &heuristic, &found));
-  if (found == 0) return CUBLAS_STATUS_NOT_SUPPORTED;
-  if (!launch) return CUBLAS_STATUS_SUCCESS;
-  const float alpha = 1.0f, beta = 0.0f;
-  return cublasLtMatmul(handle, raw_desc, &alpha, p.weight, a, p.x, b, &beta, p.out, d, p.out, d, &heuristic.algo,
-                        workspace.ptr, workspace.bytes, stream);
+  const LinearMatmul g{p.weight, CUDA_R_8F_E4M3, p.weight_ld, p.x, CUDA_R_8F_E4M3, p.x_ld, p.out, out_type, p.out_ld,
+                       p.m, p.n, p.k};
+  return RunLinearMatmul(handle, raw_desc, g, workspace, stream, launch);
 }
 
 }  // namespace transformer_kernels

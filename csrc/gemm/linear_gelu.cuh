@@ -36,8 +36,6 @@ struct LinearGeluParams {
 
 namespace linear_gelu_detail {
 
-constexpr size_t kElementBytes = 2;  // both GemmDtypes
-
 inline cudaDataType_t data_type(GemmDtype t) {
   switch (t) {
     case GemmDtype::kFloat16: return CUDA_R_16F;
@@ -67,32 +65,8 @@ inline cublasStatus_t LinearGelu(cublasLtHandle_t handle, const LinearGeluParams
   if (p.bias != nullptr) TK_CUBLAS_TRY(set(raw_desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, p.bias));
 
   // Column-major: A = weight as [K, N] (transposed to [N, K]), B = x as [K, M], D = out as [N, M].
-  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
-  TK_CUBLAS_TRY(cublasLtMatrixLayoutCreate(&a, type, p.k, p.n, p.weight_ld));
-  const Layout a_owner(a);
-  TK_CUBLAS_TRY(cublasLtMatrixLayoutCreate(&b, type, p.k, p.m, p.x_ld));
-  const Layout b_owner(b);
-  TK_CUBLAS_TRY(cublasLtMatrixLayoutCreate(&d, type, p.n, p.m, p.out_ld));
-  const Layout d_owner(d);
-
-  cublasLtMatmulPreference_t raw_pref = nullptr;
-  TK_CUBLAS_TRY(cublasLtMatmulPreferenceCreate(&raw_pref));
-  const Preference pref(raw_pref);
-  const auto item = static_cast<int64_t>(kElementBytes);
-  TK_CUBLAS_TRY(set_pref(raw_pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, workspace.bytes));
-  TK_CUBLAS_TRY(set_pref(raw_pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, alignment(p.weight, p.weight_ld * item)));
-  TK_CUBLAS_TRY(set_pref(raw_pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, alignment(p.x, p.x_ld * item)));
-  TK_CUBLAS_TRY(set_pref(raw_pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignment(p.out, p.out_ld * item)));
-  TK_CUBLAS_TRY(set_pref(raw_pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alignment(p.out, p.out_ld * item)));
-
-  cublasLtMatmulHeuristicResult_t heuristic = {};
-  int found = 0;
-  TK_CUBLAS_TRY(cublasLtMatmulAlgoGetHeuristic(handle, raw_desc, a, b, d, d, raw_pref, 1, &heuristic, &found));
-  if (found == 0) return CUBLAS_STATUS_NOT_SUPPORTED;
-  if (!launch) return CUBLAS_STATUS_SUCCESS;
-  const float alpha = 1.0f, beta = 0.0f;
-  return cublasLtMatmul(handle, raw_desc, &alpha, p.weight, a, p.x, b, &beta, p.out, d, p.out, d, &heuristic.algo,
-                        workspace.ptr, workspace.bytes, stream);
+  const LinearMatmul g{p.weight, type, p.weight_ld, p.x, type, p.x_ld, p.out, type, p.out_ld, p.m, p.n, p.k};
+  return RunLinearMatmul(handle, raw_desc, g, workspace, stream, launch);
 }
 
 
