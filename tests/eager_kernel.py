@@ -112,6 +112,7 @@ IMPLS = {
     "ltx_qk_norm_rope_from_coords": lambda q, k, qw, kw, eps, grid, freqs: diffusers_qk_norm_rope(
         q, k, qw, kw, eps, *_tables(grid, freqs, q.shape[-1])),
     "quantize_fp8": lambda x: tuple(t.contiguous() for t in quantize_fp8_rowwise(x)),
+    "act_mul_fp8": lambda g, u, act: tuple(t.contiguous() for t in quantize_fp8_rowwise(eager_act_mul(g, u, act))),
     "linear_fp8": lambda x, xs, w, ws, b, dtype, act: _linear_fp8(x, xs, w, ws, b, dtype, act),
 }
 

@@ -650,7 +650,14 @@ def _quant_entries():
         shape, lay = _rows(m, case)
         return (m.tensor(shape, lay, scale=3.0, offset=0.0),), ()
 
-    return {"quantize_fp8": ("quantize_fp8", quantize)}
+    def act_mul(act: str):
+        def build(m, case):
+            shape, lay = _rows(m, case)
+            return (m.tensor(shape, lay, scale=3.0, offset=0.0), m.tensor(shape, lay), act), ()
+        return build
+
+    return {"quantize_fp8": ("quantize_fp8", quantize), "act_mul_fp8[silu]": ("act_mul_fp8", act_mul("silu")),
+            "act_mul_fp8[gelu_tanh]": ("act_mul_fp8", act_mul("gelu_tanh"))}
 
 
 QUERY_OPS = ("linear_gelu_fused",)

@@ -154,6 +154,8 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
 
   // Per-row dynamic FP8 (e4m3) quantization: x ~ codes * scale, scale [..., 1] float32 (amax / 448).
   ops.def("quantize_fp8(Tensor x) -> (Tensor, Tensor)");
+  // quantize_fp8(act_mul(gate, up, act)) in one pass: a gated MLP's down-projection input in FP8.
+  ops.def("act_mul_fp8(Tensor gate, Tensor up, str act) -> (Tensor, Tensor)");
 
   // Every op is registered for CPU too, with the same entry point: CPU tensors then fail with a
   // clear "must be a CUDA tensor" instead of the dispatcher's "no kernel for CPU".
@@ -196,6 +198,7 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
     ops.impl("add_group_norm", key, &tk::add_group_norm);
     ops.impl("add_group_norm_out", key, &tk::add_group_norm_out);
     ops.impl("quantize_fp8", key, &tk::quantize_fp8);
+    ops.impl("act_mul_fp8", key, &tk::act_mul_fp8);
   }
 
   // ---- backward ops (norm family, gated_add, fused q/k norm + RoPE): the forward's inputs (or

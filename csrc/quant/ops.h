@@ -5,6 +5,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <string_view>
 #include <tuple>
 
 namespace transformer_kernels {
@@ -12,5 +13,8 @@ namespace transformer_kernels {
 // x [..., K] float32/float16/bfloat16 -> (codes [..., K] float8_e4m3fn, scale [..., 1] float32):
 // per-row dynamic quantization, x ~ codes * scale (csrc/quant/quantize_fp8.cuh).
 std::tuple<at::Tensor, at::Tensor> quantize_fp8(const at::Tensor& x);
+// gate, up [..., H], one float dtype, act "silu" | "gelu" | "gelu_tanh" -> quantize_fp8(act_mul(gate, up, act)),
+// bit for bit, in one pass: the FP8 input of a gated MLP's down projection.
+std::tuple<at::Tensor, at::Tensor> act_mul_fp8(const at::Tensor& gate, const at::Tensor& up, std::string_view act);
 
 }  // namespace transformer_kernels

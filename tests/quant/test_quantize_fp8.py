@@ -125,3 +125,21 @@ def test_no_gradient_is_dropped_silently(tk):
     with torch.no_grad():
         assert tk.quantize_fp8(x)[0].shape == (3, 64)
     assert not tk.has_backward("quantize_fp8")
+
+
+@gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("act", ["silu", "gelu", "gelu_tanh"])
+@pytest.mark.parametrize("rows,hidden", [(1, 14336), (37, 1024), (5, 127), (64, 8)])
+def test_act_mul_fp8_is_quantize_of_act_mul_bit_for_bit(tk, dtype, act, rows, hidden):
+    """The fused producer equals the composition it replaces, our act_mul then our quantize_fp8, on
+    gate and up given as views of one merged projection's output (strided rows) and as separate
+    tensors; every code and scale compared."""
+    torch.manual_seed(rows * hidden)
+    merged = random_input((rows, 2 * hidden), dtype, scale=3.0, offset=0.0)
+    for gate, up in ((merged[:, :hidden], merged[:, hidden:]),
+                     (merged[:, :hidden].contiguous(), merged[:, hidden:].contiguous())):
+        codes, scale = tk.act_mul_fp8(gate, up, act)
+        want_codes, want_scale = tk.quantize_fp8(tk.act_mul(gate, up, act))
+        assert torch.equal(codes.view(torch.uint8), want_codes.view(torch.uint8))
+        assert torch.equal(scale, want_scale)

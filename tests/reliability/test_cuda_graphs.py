@@ -217,6 +217,12 @@ def _cases():
 
     c["quantize_fp8"] = (lambda: {"x": _rand(2, 512, 2048, scale=3.0)}, quantize)
 
+    def act_mul_fp8(tk, t):  # Llama-3.1-8B's down-projection input, from views of the merged gate/up output
+        codes, scale = tk.ops.act_mul_fp8.default(t["gu"][..., :14336], t["gu"][..., 14336:], "silu")
+        return codes.float(), scale
+
+    c["act_mul_fp8"] = (lambda: {"gu": _rand(64, 2 * 14336)}, act_mul_fp8)
+
     # the FP8 linear of LTX's FFN input projection on quantized operands (codes and scales as inputs)
     def fp8_inputs():
         from reference.fp8 import quantize_fp8_rowwise

@@ -42,7 +42,7 @@ from .qk_norm_rope import (
     ltx_qk_norm_rope_from_coords,
     qk_norm_rope,
 )
-from .quant import quantize_fp8
+from .quant import act_mul_fp8, quantize_fp8
 from .rope import (
     apply_rotary_pos_emb,
     apply_rotary_pos_emb_,
@@ -54,6 +54,7 @@ from .rope import (
 
 __all__ = [
     "act_mul",
+    "act_mul_fp8",
     "add_group_norm",
     "apply_rotary_pos_emb",
     "apply_rotary_pos_emb_",

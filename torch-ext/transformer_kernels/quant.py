@@ -35,7 +35,17 @@ def quantize_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return dispatch(_quantize_fp8, x)
 
 
+def act_mul_fp8(gate: torch.Tensor, up: torch.Tensor, act: str = "silu") -> tuple[torch.Tensor, torch.Tensor]:
+    """``quantize_fp8(act_mul(gate, up, act))`` in one pass, bit for bit: the gated unit (``act`` in
+    fp32 rounded to the dtype, the product rounded once, as ``act_mul`` and the eager code compute it)
+    quantized per row without writing it in 16 bits: the FP8 input of a gated MLP's down projection
+    (transformers' ``LlamaMLP``: ``act="silu"``). ``gate`` and ``up`` may be views of one merged
+    projection's output. Returns ``(codes, scale)`` as ``quantize_fp8`` does; no gradient."""
+    return dispatch(_act_mul_fp8, gate, up, act)
+
+
 _quantize_fp8 = ops.quantize_fp8.default
+_act_mul_fp8 = ops.act_mul_fp8.default
 
 
 @register_fake("quantize_fp8")
@@ -43,3 +53,10 @@ def _(x):
     torch._check(x.dim() >= 1, lambda: "quantize_fp8: x must have at least one dimension")
     return (torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device),
             torch.empty((*x.shape[:-1], 1), dtype=torch.float32, device=x.device))
+
+
+@register_fake("act_mul_fp8")
+def _(gate, up, act):
+    torch._check(gate.dim() >= 1, lambda: "act_mul_fp8: gate must have at least one dimension")
+    return (torch.empty(gate.shape, dtype=torch.float8_e4m3fn, device=gate.device),
+            torch.empty((*gate.shape[:-1], 1), dtype=torch.float32, device=gate.device))
