@@ -60,7 +60,7 @@ void run(const ElementwiseCall& c) {
     p.num_rows = c.num_rows;
     p.cols = c.cols;
     const cudaError_t err = elementwise<kOp, kAct>(p, at::cuda::getCurrentCUDAStream());
-    TORCH_CHECK(err == cudaSuccess, c.op, ": kernel launch failed: ", cudaGetErrorString(err));
+    check_launch(c.op, err);
   });
 }
 

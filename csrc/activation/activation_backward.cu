@@ -74,7 +74,7 @@ void run(const BackwardCall& c) {
     p.num_rows = c.num_rows;
     p.cols = c.cols;
     const cudaError_t err = ActivationBackward<kOp, kAct>(p, at::cuda::getCurrentCUDAStream());
-    TORCH_CHECK(err == cudaSuccess, c.op, ": kernel launch failed: ", cudaGetErrorString(err));
+    check_launch(c.op, err);
   });
 }
 

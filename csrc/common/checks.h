@@ -5,6 +5,7 @@
 #include <ATen/MemoryOverlap.h>
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
+#include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
@@ -244,6 +245,32 @@ inline void check_norm_param(const char* op, const std::optional<at::Tensor>& t,
                     t->stride(0));
   TORCH_CHECK_TYPE(t->scalar_type() == x.scalar_type() || t->scalar_type() == at::kFloat, op, ": ", name,
                    " must have the dtype of x (", x.scalar_type(), ") or float32, got ", t->scalar_type());
+}
+
+// The archs the unit was compiled for (nvcc's __CUDA_ARCH_LIST__, e.g. 750,800,860,900,1000,1200: every
+// unit of the extension is compiled with the same list).
+#define TK_STRINGIFY_(x) #x
+#define TK_STRINGIFY(x) TK_STRINGIFY_(x)
+#ifdef __CUDA_ARCH_LIST__
+inline constexpr const char* kBuildArchs = TK_STRINGIFY(__CUDA_ARCH_LIST__);
+#else
+inline constexpr const char* kBuildArchs = "(not known to this unit)";
+#endif
+
+// A kernel launch's error as the op's error. A GPU the build has no code for ("no kernel image is
+// available") is told apart: the message names its compute capability and the archs the build has.
+inline void check_launch(const char* op, cudaError_t err) {
+  if (err == cudaSuccess) return;
+  if (err == cudaErrorNoKernelImageForDevice) {
+    int device = 0, major = 0, minor = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+    TORCH_CHECK(false, op, ": this build has no code for the GPU in use (compute capability ", major, ".", minor,
+                "): it was compiled for the archs ", kBuildArchs,
+                "; build for this GPU (tools/build_kernel.py --archs native) or use a build that includes it");
+  }
+  TORCH_CHECK(false, op, ": kernel launch failed: ", cudaGetErrorString(err));
 }
 
 }  // namespace transformer_kernels

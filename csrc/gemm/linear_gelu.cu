@@ -96,7 +96,7 @@ void linear_then_gelu(const at::Tensor& x, const at::Tensor& weight, const OptTe
     p.cols = pre.size(-1);
     const cudaError_t err =
         elementwise<Elementwise::kAct, Activation::kGeluTanh>(p, at::cuda::getCurrentCUDAStream());
-    TORCH_CHECK(err == cudaSuccess, kOp, ": kernel launch failed: ", cudaGetErrorString(err));
+    check_launch(kOp, err);
   });
 }
 

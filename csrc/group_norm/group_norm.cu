@@ -228,7 +228,7 @@ void run(const GroupNormCall& c, at::Tensor& out) {
     p.workspace = workspace.data_ptr<float>();
   }
   const cudaError_t err = GroupNorm(p, at::cuda::getCurrentCUDAStream());
-  TORCH_CHECK(err == cudaSuccess, c.op, ": kernel launch failed: ", cudaGetErrorString(err));
+  check_launch(c.op, err);
 }
 
 void launch_group_norm_call(const GroupNormCall& c, at::Tensor& out) {

@@ -118,7 +118,7 @@ void cross_entropy_chunk(at::Tensor& logits, const at::Tensor& target, at::Tenso
       p.label_smoothing = static_cast<float>(o.label_smoothing);
       p.softcap = static_cast<float>(o.softcap);
       const cudaError_t err = cross_entropy_rows(p, at::cuda::getCurrentCUDAStream());
-      TORCH_CHECK(err == cudaSuccess, kOp, ": kernel launch failed: ", cudaGetErrorString(err));
+      check_launch(kOp, err);
     });
     return;
   }

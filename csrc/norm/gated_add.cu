@@ -43,7 +43,7 @@ void launch_gated_add(const at::Tensor& x, const at::Tensor& y, const at::Tensor
     p.cols = x.size(-1);
     const cudaError_t err =
         elementwise<Elementwise::kGatedAdd, Activation::kNone>(p, at::cuda::getCurrentCUDAStream());
-    TORCH_CHECK(err == cudaSuccess, kOp, ": kernel launch failed: ", cudaGetErrorString(err));
+    check_launch(kOp, err);
   });
 }
 

@@ -132,7 +132,7 @@ void run(const NormCall& c, const NormVariant& variant) {
     p.split_chunk_elems = NormPolicy::kSplitChunkElems;
   }
   const cudaError_t err = variant.launch(l, at::cuda::getCurrentCUDAStream());
-  TORCH_CHECK(err == cudaSuccess, c.op, ": kernel launch failed: ", cudaGetErrorString(err));
+  check_launch(c.op, err);
 }
 
 // The combination's compiled variant (instances/) is looked up before the meta return, so that an

@@ -212,7 +212,7 @@ void launch_norm_backward_call(const NormBackwardCall& c) {
     p.chunk_stats = chunk_stats.data_ptr<float>();
   }
   const cudaError_t err = variant->launch(l, plan, at::cuda::getCurrentCUDAStream());
-  TORCH_CHECK(err == cudaSuccess, c.op, ": kernel launch failed: ", cudaGetErrorString(err));
+  check_launch(c.op, err);
   const auto params = grad_params(c);
   for (int i = 0; i < kNumParamGrads; ++i)
     if (sum_after[i].defined()) c.grads[i]->copy_(sum_after[i].sum_to_size(params[i]->sizes()));

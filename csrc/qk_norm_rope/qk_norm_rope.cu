@@ -113,7 +113,7 @@ void run_qk_norm_rope(const char* op, at::Tensor& q_out, at::Tensor& k_out, cons
       if (validation_only(q)) return;
       const cudaError_t err =
           QkNormRope<kForm, kSource>(p, at::cuda::getCurrentCUDAStream());
-      TORCH_CHECK(err == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(err));
+      check_launch(op, err);
     };
     if constexpr (kForm == QkNormRopeForm::kTransformers) {
       go(tag, tag);  // weights and tables in the model dtype (checked)

@@ -147,7 +147,7 @@ QkGrads run_qk_backward(const char* op, const at::Tensor& grad_q, const at::Tens
       const cudaError_t err = QkNormRopeBackward<kHalfRotation, kSource>(
           p, plan, mask[2] ? static_cast<W*>(dqw.data_ptr()) : nullptr,
           mask[3] ? static_cast<W*>(dkw.data_ptr()) : nullptr, at::cuda::getCurrentCUDAStream());
-      TORCH_CHECK(err == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(err));
+      check_launch(op, err);
     };
     if constexpr (kHalfRotation) {
       go(tag, tag);  // transformers: weights and tables in the model dtype (checked)

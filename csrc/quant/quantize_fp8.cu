@@ -61,7 +61,7 @@ std::tuple<at::Tensor, at::Tensor> quantize_rows(const char* op, const at::Tenso
       case Activation::kGeluTanh: err = QuantizeFp8<Activation::kGeluTanh>(p, stream); break;
       case Activation::kNone: err = QuantizeFp8<Activation::kNone>(p, stream); break;
     }
-    TORCH_CHECK(err == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(err));
+    check_launch(op, err);
   });
   return {codes, scale};
 }

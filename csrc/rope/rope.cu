@@ -95,7 +95,7 @@ void run(at::Tensor& q_out, at::Tensor& k_out, const at::Tensor& q, const at::Te
       constexpr CosSinSource kSource = kCache ? CosSinSource::kCache : CosSinSource::kTables;
       if (validation_only(q)) return;
       const cudaError_t err = rotate<kStyle, kFp32Math, kSource, kInverse>(p, at::cuda::getCurrentCUDAStream());
-      TORCH_CHECK(err == cudaSuccess, kOp, ": kernel launch failed: ", cudaGetErrorString(err));
+      check_launch(kOp, err);
     };
     if (cos.scalar_type() == q.scalar_type()) {
       go(type_tag<T>{});
@@ -254,7 +254,7 @@ std::tuple<at::Tensor, at::Tensor> run_ltx_rope_from_coords(const char* op, cons
     if (validation_only(q)) return;
     const cudaError_t err = rotate<RopeStyle::kInterleaved, /*kFp32Math=*/true, CosSinSource::kLtxCoords, kInverse>(
         p, at::cuda::getCurrentCUDAStream());
-    TORCH_CHECK(err == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(err));
+    check_launch(op, err);
   });
   return {q_out, k_out};
 }

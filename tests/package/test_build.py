@@ -250,3 +250,15 @@ def test_so_carries_machine_code_for_every_listed_arch(variant_dir):
     archs = json.loads((variant_dir / "metadata.json").read_text())["backend"]["archs"]
     listed = sorted((a.removesuffix("+PTX").replace(".", "") for a in archs), key=int)
     assert sass == listed, f"SASS {sass} vs metadata archs {archs}"
+
+
+def test_a_gpu_without_code_is_named_with_the_build_s_archs(variant_dir):
+    """check_launch (common/checks.h) turns CUDA's "no kernel image is available" into a message naming
+    the GPU's compute capability and the archs the build was compiled for (nvcc's __CUDA_ARCH_LIST__,
+    compiled into the extension): the list it carries is metadata.json's."""
+    meta = json.loads((variant_dir / "metadata.json").read_text())
+    caps = sorted(tuple(map(int, a.split("+")[0].split("."))) for a in meta["backend"]["archs"])
+    arch_list = ",".join(str(major * 100 + minor * 10) for major, minor in caps).encode()
+    binary = next(variant_dir.glob("*.abi3.so")).read_bytes()
+    assert b"this build has no code for the GPU in use" in binary
+    assert arch_list + b"\0" in binary, f"the archs {arch_list!r} are not in the extension"

@@ -93,8 +93,3 @@ __all__ = [
 from ._autograd import refuse_the_rest as _refuse_the_rest  # noqa: E402
 
 _refuse_the_rest()
-
-# A GPU the build has no code for gets a warning naming the build's archs (not CUDA's bare error at the first launch).
-from ._archs import warn_for_unsupported_devices as _warn_for_unsupported_devices  # noqa: E402
-
-_warn_for_unsupported_devices()
