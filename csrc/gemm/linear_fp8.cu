@@ -94,12 +94,10 @@ at::Tensor linear_fp8(const at::Tensor& x, const at::Tensor& x_scale, const at::
                     kFp8Multiple, " elements (sizes ", x.sizes(), ", strides ", x.strides(), ")");
   TORCH_CHECK_VALUE(w_ld && *w_ld % kFp8Multiple == 0, kOp, ": weight's rows must be a multiple of ", kFp8Multiple,
                     " elements apart (strides ", weight.strides(), ")");
+  TORCH_CHECK_VALUE(x.size(-1) > 0 || !bias, kOp, ": in_features 0 with a bias is not supported");
   if (validation_only(x)) return out;
   const at::cuda::OptionalCUDAGuard device_guard(x.device());
-  if (x.size(-1) == 0) {  // no products: act(bias) or zeros, as F.linear gives
-    if (!bias) return out.zero_();
-    TORCH_CHECK(false, kOp, ": in_features 0 with a bias is not supported");
-  }
+  if (x.size(-1) == 0) return out.zero_();  // no products, no bias: zeros, as F.linear gives (gelu_tanh(0) = 0)
   LinearFp8Params p;
   p.x = x.const_data_ptr();
   p.x_ld = *x_ld;

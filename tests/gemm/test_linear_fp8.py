@@ -107,4 +107,8 @@ def test_bad_inputs_are_refused_with_the_argument_named(tk):
     with pytest.raises(ValueError, match="linear_fp8: x must be a CUDA tensor"):
         tk.linear_fp8(torch.zeros(4, 64).to(torch.float8_e4m3fn), torch.ones(4, 1),
                       torch.zeros(32, 64).to(torch.float8_e4m3fn), torch.ones(32))
+    with pytest.raises(ValueError, match="linear_fp8: in_features 0 with a bias is not supported"):
+        tk.linear_fp8(torch.empty(4, 0, dtype=torch.float8_e4m3fn, **meta), xs,
+                      torch.empty(32, 0, dtype=torch.float8_e4m3fn, **meta), ws,
+                      torch.empty(32, dtype=torch.bfloat16, **meta), torch.bfloat16)
     assert not tk.has_backward("linear_fp8")
