@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "activation/activation.cuh"
+#include "activation/activation_binding.h"
 #include "activation/ops.h"
 #include "common/alloc.h"
 #include "common/checks.h"
@@ -37,12 +38,6 @@ struct ElementwiseCall {
       : op(op_), kind(kind_), act(act_), input(&input_), out(&out_), num_rows(num_rows_), cols(cols_) {}
 };
 
-Activation resolve_activation(const char* op, std::string_view act) {
-  if (act == "silu") return Activation::kSilu;
-  if (act == "gelu") return Activation::kGelu;
-  if (act == "gelu_tanh") return Activation::kGeluTanh;
-  TORCH_CHECK_VALUE(false, op, ": activation must be \"silu\", \"gelu\" or \"gelu_tanh\", got \"", act, "\"");
-}
 
 template <Elementwise kOp, Activation kAct>
 void run(const ElementwiseCall& c) {

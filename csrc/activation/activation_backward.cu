@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "activation/activation_backward.cuh"
+#include "activation/activation_binding.h"
 #include "activation/ops.h"
 #include "common/alloc.h"
 #include "common/checks.h"
@@ -16,12 +17,6 @@
 namespace transformer_kernels {
 namespace {
 
-Activation backward_activation(const char* op, std::string_view act) {
-  if (act == "silu") return Activation::kSilu;
-  if (act == "gelu") return Activation::kGelu;
-  if (act == "gelu_tanh") return Activation::kGeluTanh;
-  TORCH_CHECK_VALUE(false, op, ": activation must be \"silu\", \"gelu\" or \"gelu_tanh\", got \"", act, "\"");
-}
 
 // One launch: raw operands with their row addressing, on the device and dtype of `like` (the
 // operands as ActivationBackwardParams names them; absent ones null).
@@ -105,7 +100,7 @@ at::Tensor activation_backward(const at::Tensor& grad, const at::Tensor& x, std:
   constexpr const char* op = "activation_backward";
   check_row_input(op, x, "x");
   check_grad(op, grad, x, "x", x.sizes());
-  const Activation a = backward_activation(op, act);
+  const Activation a = resolve_activation(op, act);
   at::Tensor grad_x = empty_tensor(x.sizes(), x.options());
   BackwardCall c(op, a, x, grad, num_rows(x), x.size(-1));
   c.x = x.const_data_ptr();
@@ -124,7 +119,7 @@ at::Tensor act_and_mul_backward(const at::Tensor& grad, const at::Tensor& x, std
   std::vector<int64_t> half(x.sizes().begin(), x.sizes().end());
   half.back() /= 2;
   check_grad(op, grad, x, "x", half);
-  const Activation a = backward_activation(op, act);
+  const Activation a = resolve_activation(op, act);
   const int64_t h = x.size(-1) / 2;
   at::Tensor grad_x = empty_tensor(x.sizes(), x.options());  // [..., 2H]: the gradients of both halves
   const int64_t item = static_cast<int64_t>(x.element_size());
@@ -152,7 +147,7 @@ std::tuple<at::Tensor, at::Tensor> act_mul_backward(const at::Tensor& grad, cons
   check_row_input(op, gate, "gate");
   check_same_as_x(op, up, "up", gate, "gate");
   check_grad(op, grad, gate, "gate", gate.sizes());
-  const Activation a = backward_activation(op, act);
+  const Activation a = resolve_activation(op, act);
   at::Tensor grad_gate = empty_tensor(gate.sizes(), gate.options());
   at::Tensor grad_up = empty_tensor(gate.sizes(), gate.options());
   BackwardCall c(op, a, gate, grad, num_rows(gate), gate.size(-1));

@@ -7,6 +7,7 @@
 #include <tuple>
 #include <vector>
 
+#include "activation/activation_binding.h"
 #include "common/alloc.h"
 #include "common/checks.h"
 #include "common/dispatch.h"
@@ -16,12 +17,6 @@
 namespace transformer_kernels {
 namespace {
 
-Activation resolve_activation(const char* op, std::string_view act) {
-  if (act == "silu") return Activation::kSilu;
-  if (act == "gelu") return Activation::kGelu;
-  if (act == "gelu_tanh") return Activation::kGeluTanh;
-  TORCH_CHECK_VALUE(false, op, ": act must be \"silu\", \"gelu\" or \"gelu_tanh\", got \"", act, "\"");
-}
 
 // The codes [..., K] and scales [..., 1] of x's rows (or, with `up`, of act(x) * up's), validated,
 // allocated and launched on the current stream of x's device.

@@ -116,7 +116,7 @@ CASES = {
                                                          t(d, 32, dtype=torch.float32), out_dtype=torch.float32),
                              TypeError, "linear_fp8: out_dtype must be bfloat16 or float16"),
     "act_mul_fp8_act": (lambda tk, d: tk.act_mul_fp8(t(d, 4, 64), t(d, 4, 64), "relu"), ValueError,
-                        "act_mul_fp8: act must be"),
+                        "act_mul_fp8: activation must be"),
     "act_mul_fp8_up_shape": (lambda tk, d: tk.act_mul_fp8(t(d, 4, 64), t(d, 4, 32)), ValueError, "act_mul_fp8: up"),
     # fused linear cross-entropy
     "flce_target_dtype": (lambda tk, d: tk.fused_linear_cross_entropy(t(d, 6, 32), t(d, 50, 32),
