@@ -248,9 +248,10 @@ inline void check_norm_param(const char* op, const std::optional<at::Tensor>& t,
 }
 
 // The archs the unit was compiled for (nvcc's __CUDA_ARCH_LIST__, e.g. 750,800,860,900,1000,1200: every
-// unit of the extension is compiled with the same list).
-#define TK_STRINGIFY_(x) #x
-#define TK_STRINGIFY(x) TK_STRINGIFY_(x)
+// unit of the extension is compiled with the same list). Variadic: with several archs the list is several
+// macro arguments.
+#define TK_STRINGIFY_(...) #__VA_ARGS__
+#define TK_STRINGIFY(...) TK_STRINGIFY_(__VA_ARGS__)
 #ifdef __CUDA_ARCH_LIST__
 inline constexpr const char* kBuildArchs = TK_STRINGIFY(__CUDA_ARCH_LIST__);
 #else
