@@ -114,7 +114,24 @@ IMPLS = {
     "quantize_fp8": lambda x: tuple(t.contiguous() for t in quantize_fp8_rowwise(x)),
     "act_mul_fp8": lambda g, u, act: tuple(t.contiguous() for t in quantize_fp8_rowwise(eager_act_mul(g, u, act))),
     "linear_fp8": lambda x, xs, w, ws, b, dtype, act: _linear_fp8(x, xs, w, ws, b, dtype, act),
+    # the norms' FP8 outputs: the op's output in x's dtype, then quantize_fp8
+    "rms_norm_fp8": lambda x, w, eps, r: _fp8(RMS_NORM_EAGER[r](x, w, eps).to(x.dtype)),
+    "fused_add_rms_norm_fp8": lambda x, res, w, eps, r: (*_fp8(RMS_NORM_EAGER[r](x + res, w, eps).to(x.dtype)),
+                                                         x + res),
+    "layer_norm_fp8": lambda x, w, b, eps: _fp8(F.layer_norm(x, (x.shape[-1],), w, b, eps)),
+    "norm_modulate_fp8": lambda x, sc, sh, w, b, eps, n: _fp8(diffusers_norm_modulate(x, sc, sh, n, w, b, eps)),
+    "gated_add_norm_modulate_fp8": lambda x, y, g, sc, sh, w, b, eps, n: _gated_fp8(
+        *ltx_gated_add_norm_modulate(x, y, g, sc, sh, n, w, b, eps)),
 }
+
+
+def _fp8(values):
+    """quantize_fp8's (codes, scale) of values, contiguous as the op returns them."""
+    return tuple(t.contiguous() for t in quantize_fp8_rowwise(values))
+
+
+def _gated_fp8(h, out):
+    return (h, *_fp8(out))
 
 
 def _linear_fp8(x, x_scale, weight, weight_scale, bias, out_dtype, activation):

@@ -263,6 +263,16 @@ def _norm_entries():
         "gated_add_norm_modulate": ("gated_add_norm_modulate", gated("rms", True)),
         "gated_add_norm_modulate[layer,no_gate]": ("gated_add_norm_modulate", gated("layer", False)),
         "gated_add_norm_modulate_out": ("gated_add_norm_modulate_out", gated_out),
+        # the FP8 outputs (e4m3 codes and row scales of the same values)
+        "rms_norm_fp8": ("rms_norm_fp8", rms("same", "hf")),
+        "rms_norm_fp8[fp32_weight]": ("rms_norm_fp8", rms("fp32", "hf")),
+        "fused_add_rms_norm_fp8": ("fused_add_rms_norm_fp8", fused_add),
+        "layer_norm_fp8": ("layer_norm_fp8", layer(False)),
+        "layer_norm_fp8[fp32_params]": ("layer_norm_fp8", layer(True)),
+        "norm_modulate_fp8": ("norm_modulate_fp8", modulate("rms")),
+        "norm_modulate_fp8[layer]": ("norm_modulate_fp8", modulate("layer")),
+        "gated_add_norm_modulate_fp8": ("gated_add_norm_modulate_fp8", gated("rms", True)),
+        "gated_add_norm_modulate_fp8[layer,no_gate]": ("gated_add_norm_modulate_fp8", gated("layer", False)),
         # backward: the outputs' gradients first (x's layout), then what the forward saved
         "rms_norm_backward": ("rms_norm_backward", grad_of(rms("same", "hf"), 0, lambda a: (a[0], a[1], EPS),
                                                            [True, True])),

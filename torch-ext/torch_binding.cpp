@@ -88,6 +88,16 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
           " Tensor? bias, float eps, str norm) -> (Tensor, Tensor)");
   ops.def("gated_add_norm_modulate_out(Tensor! h_out, Tensor! out, Tensor x, Tensor y, Tensor? gate, Tensor scale,"
           " Tensor? shift, Tensor? weight, Tensor? bias, float eps, str norm) -> ()");
+  // The same norms with an FP8 output: the output in x's dtype quantized per row as quantize_fp8 does
+  // (codes float8_e4m3fn, scale [..., 1] float32) in the same pass: the next FP8 GEMM's input.
+  ops.def("rms_norm_fp8(Tensor x, Tensor? weight, float eps, str rounding) -> (Tensor, Tensor)");
+  ops.def("fused_add_rms_norm_fp8(Tensor x, Tensor residual, Tensor? weight, float eps, str rounding)"
+          " -> (Tensor, Tensor, Tensor)");
+  ops.def("layer_norm_fp8(Tensor x, Tensor? weight, Tensor? bias, float eps) -> (Tensor, Tensor)");
+  ops.def("norm_modulate_fp8(Tensor x, Tensor scale, Tensor? shift, Tensor? weight, Tensor? bias, float eps, str norm)"
+          " -> (Tensor, Tensor)");
+  ops.def("gated_add_norm_modulate_fp8(Tensor x, Tensor y, Tensor? gate, Tensor scale, Tensor? shift, Tensor? weight,"
+          " Tensor? bias, float eps, str norm) -> (Tensor, Tensor, Tensor)");
 
   // act(x), act "silu" | "gelu" | "gelu_tanh", as F.silu / F.gelu compute it.
   ops.def("activation(Tensor x, str act) -> Tensor");
@@ -171,6 +181,11 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
     ops.impl("norm_modulate_out", key, &tk::norm_modulate_out);
     ops.impl("gated_add_norm_modulate", key, &tk::gated_add_norm_modulate);
     ops.impl("gated_add_norm_modulate_out", key, &tk::gated_add_norm_modulate_out);
+    ops.impl("rms_norm_fp8", key, &tk::rms_norm_fp8);
+    ops.impl("fused_add_rms_norm_fp8", key, &tk::fused_add_rms_norm_fp8);
+    ops.impl("layer_norm_fp8", key, &tk::layer_norm_fp8);
+    ops.impl("norm_modulate_fp8", key, &tk::norm_modulate_fp8);
+    ops.impl("gated_add_norm_modulate_fp8", key, &tk::gated_add_norm_modulate_fp8);
     ops.impl("activation", key, &tk::activation);
     ops.impl("activation_out", key, &tk::activation_out);
     ops.impl("act_and_mul", key, &tk::act_and_mul);

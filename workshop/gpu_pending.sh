@@ -2,7 +2,9 @@
 # One device call for what the session of 2026-12-02 (3) built and could not run (its device budget was
 # spent), in order of what matters: the build for the GPU present; every test of the FP8 ops
 # (tests/quant, tests/gemm/test_linear_fp8.py, and the catalog, graph, fake and kernels_ci tests of
-# quantize_fp8 and linear_fp8) and of linear_gelu, whose cuBLASLt launch path was shared with linear_fp8; the node ids the last whole-suite run did not reach
+# quantize_fp8 and linear_fp8; the norms' FP8 outputs, tests/norm/test_norm_fp8.py, whose kernel is the norm
+# kernel's) and of linear_gelu, whose cuBLASLt launch path was shared with linear_fp8; the node ids the last
+# whole-suite run did not reach
 # (workshop/remaining-nodeids.txt); the FP8 micro-benchmarks (quantize_fp8 against torchao's recipe and
 # its compile; linear_fp8 against F.linear bf16 and torch._scaled_mm row-wise); memcheck and initcheck
 # over the FP8 catalog entries. Results packed into OUT_DIR/results.tgz after each stage.
@@ -12,7 +14,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 bash workshop/run_stages.sh "$1" \
   'build|150|python3 tools/build_kernel.py --archs native' \
-  'fp8_tests|150|python3 -m pytest -n 8 -v -p no:cacheprovider -rs --junitxml=$R/junit-fp8.xml tests/quant tests/gemm tests/reliability tests/package/test_kernels_ci.py -k "fp8 or quantize or linear_gelu"' \
+  'fp8_tests|150|python3 -m pytest -n 8 -v -p no:cacheprovider -rs --junitxml=$R/junit-fp8.xml tests/quant tests/gemm tests/norm tests/reliability tests/package/test_kernels_ci.py -k "fp8 or quantize or linear_gelu"' \
   'remaining|150|TK_ONLY_NODEIDS=workshop/remaining-nodeids.txt python3 -m pytest -n 16 -v -p no:cacheprovider -rs --junitxml=$R/junit-rest.xml' \
   'bench|120|python3 benchmarks/bench_micro.py --ops quantize_fp8 linear_fp8 untuned --out $R' \
   'sanitize|60|SANITIZE_TIMEOUT=25 SANITIZE_ENTRIES=fp8 bash scripts/sanitize.sh $R/sanitize memcheck initcheck'

@@ -81,25 +81,35 @@ TK_DEVICE float block_reduce_sum(float v) {
   return a[0];
 }
 
-// Sum over the threads that share one row. kThreadsPerRow == 0 means "the whole block"
+// Reduction over the threads that share one row. kThreadsPerRow == 0 means "the whole block"
 // (blockDim.x threads); otherwise an aligned group of kThreadsPerRow <= 32 lanes, `mask` naming
 // the lanes of the warp whose groups have a row (RowGroup::mask, schedule.cuh). The array form
-// sums the N rows a group may hold together, each as the scalar form would.
-// kBuffer: block_reduce_sum's shared array (block mode).
+// reduces the N rows a group may hold together, each as the scalar form would.
+// kBuffer: block_reduce's shared array (block mode).
+template <typename Op, int kThreadsPerRow, int N, int kBuffer = 0>
+TK_DEVICE void row_reduce(float (&v)[N], unsigned mask = kFullMask) {
+  if constexpr (kThreadsPerRow == 0) {
+    block_reduce<Op, N, kBuffer>(v);
+  } else {
+    group_reduce<Op, kThreadsPerRow>(v, mask);
+  }
+}
+
+template <typename Op, int kThreadsPerRow, int kBuffer = 0>
+TK_DEVICE float row_reduce(float v, unsigned mask = kFullMask) {
+  float a[1] = {v};
+  row_reduce<Op, kThreadsPerRow, 1, kBuffer>(a, mask);
+  return a[0];
+}
+
 template <int kThreadsPerRow, int N, int kBuffer = 0>
 TK_DEVICE void row_reduce_sum(float (&v)[N], unsigned mask = kFullMask) {
-  if constexpr (kThreadsPerRow == 0) {
-    block_reduce_sum<N, kBuffer>(v);
-  } else {
-    group_reduce_sum<kThreadsPerRow>(v, mask);
-  }
+  row_reduce<SumOp, kThreadsPerRow, N, kBuffer>(v, mask);
 }
 
 template <int kThreadsPerRow, int kBuffer = 0>
 TK_DEVICE float row_reduce_sum(float v, unsigned mask = kFullMask) {
-  float a[1] = {v};
-  row_reduce_sum<kThreadsPerRow, 1, kBuffer>(a, mask);
-  return a[0];
+  return row_reduce<SumOp, kThreadsPerRow, kBuffer>(v, mask);
 }
 
 }  // namespace transformer_kernels

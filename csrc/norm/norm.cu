@@ -6,10 +6,12 @@
 #include <optional>
 #include <string_view>
 #include <tuple>
+#include <vector>
 
 #include "common/alloc.h"
 #include "common/checks.h"
 #include "common/dispatch.h"
+#include "common/fp8.cuh"
 #include "norm/norm_call.h"
 #include "norm/ops.h"
 
@@ -64,7 +66,7 @@ NormLaunch launch_params(const NormCall& c) {
   l.x_type = float_type(x.scalar_type(), "x");
   const at::Tensor* param = c.weight ? c.weight : c.bias;  // weight and bias share one dtype (checked)
   l.weight_type = param ? float_type(param->scalar_type(), "weight") : l.x_type;
-  l.out_type = float_type(c.out->scalar_type(), "out");
+  l.out_type = c.out_scale ? l.x_type : float_type(c.out->scalar_type(), "out");
   NormParams<void, void, void>& p = l.params;
   p.x = x.const_data_ptr();
   p.x_rows = row_indexer(c.op, x, "x");
@@ -96,20 +98,30 @@ NormLaunch launch_params(const NormCall& c) {
   p.hidden = x.size(-1);
   p.eps = static_cast<float>(c.eps);
   p.round_normalized = c.round_normalized;
+  if (c.out_scale) p.out_scale = c.out_scale->data_ptr<float>();
   return l;
 }
 
 // The dtypes dispatch_dtypes instantiates: the output (and h_out) in x's dtype, or float32 from an
-// unmodulated RMSNorm with a float32 weight; weight and bias in one dtype. The ops' checks ensure
-// this; checked again here so that a new caller gets an error, not a skipped or misread launch.
+// unmodulated RMSNorm with a float32 weight, or e4m3 codes with float32 row scales (an FP8 output);
+// weight and bias in one dtype. The ops' checks ensure this; checked again here so that a new caller
+// gets an error, not a skipped or misread launch.
 void check_instantiated_dtypes(const NormCall& c) {
   const c10::ScalarType x_dtype = c.x->scalar_type(), out_dtype = c.out->scalar_type();
   const at::Tensor* weight = c.weight;
   const at::Tensor* bias = c.bias;
   const bool fp32_weight = (weight && weight->scalar_type() == at::kFloat) || (bias && bias->scalar_type() == at::kFloat);
   const bool fp32_out_ok = c.type == NormType::kRms && c.scale == nullptr && fp32_weight;
-  TORCH_CHECK(out_dtype == x_dtype || (out_dtype == at::kFloat && fp32_out_ok), c.op, ": no kernel for x of dtype ",
-              x_dtype, " with out of dtype ", out_dtype);
+  if (c.out_scale) {
+    int64_t rows = 1;  // one scale per row, rows of no elements too
+    for (int64_t d = 0; d + 1 < c.x->dim(); ++d) rows *= c.x->size(d);
+    TORCH_CHECK(out_dtype == at::kFloat8_e4m3fn && c.out_scale->scalar_type() == at::kFloat &&
+                    c.out_scale->is_contiguous() && c.out_scale->numel() == rows,
+                c.op, ": an FP8 output is float8_e4m3fn codes with a contiguous float32 scale per row");
+  } else {
+    TORCH_CHECK(out_dtype == x_dtype || (out_dtype == at::kFloat && fp32_out_ok), c.op,
+                ": no kernel for x of dtype ", x_dtype, " with out of dtype ", out_dtype);
+  }
   TORCH_CHECK(c.h_out == nullptr || c.h_out->scalar_type() == x_dtype, c.op, ": no kernel for x of dtype ", x_dtype,
               " with h_out of dtype ", c.h_out->scalar_type());
   TORCH_CHECK(!weight || !bias || weight->scalar_type() == bias->scalar_type(), c.op,
@@ -118,13 +130,16 @@ void check_instantiated_dtypes(const NormCall& c) {
 
 // Launches c with its variant's launcher. A few very wide rows are split across blocks, with a
 // workspace for their chunks' statistics (freed after the launches: the caching allocator reuses it
-// only for later work on this stream). The modulated norms do not split rows (norm.cuh).
+// only for later work on this stream). The modulated norms do not split rows (norm.cuh), nor do FP8
+// outputs (a row's scale is over the whole row). Rows of no elements get the FP8 floor's scale, as
+// quantize_fp8 gives them (the kernel has no element to launch for).
 void run(const NormCall& c, const NormVariant& variant) {
   NormLaunch l = launch_params(c);
   NormParams<void, void, void>& p = l.params;
-  const bool modulated = std::get<2>(variant.key);
+  const bool modulated = std::get<2>(variant.key), fp8_out = std::get<3>(variant.key);
+  if (fp8_out && p.hidden == 0) c.out_scale->fill_(kFp8AmaxFloor / kFp8E4m3Max);
   at::Tensor split_stats;
-  if (!modulated)
+  if (!modulated && !fp8_out)
     p.split_chunks = norm_split_chunks(p.num_rows, p.hidden, at::cuda::getCurrentDeviceProperties()->multiProcessorCount);
   if (p.split_chunks > 1) {
     split_stats = empty_tensor({p.num_rows * p.split_chunks * ChunkStatFloats::kForward}, c.x->options().dtype(at::kFloat));
@@ -139,8 +154,9 @@ void run(const NormCall& c, const NormVariant& variant) {
 // op's fake refuses a combination that has no kernel, as the kernel does.
 void launch_norm_call(const NormCall& c) {
   check_instantiated_dtypes(c);
-  const NormVariant* variant = VariantRegistry<NormVariant>::find(std::make_tuple(c.type, c.pre, c.scale != nullptr));
-  TORCH_CHECK(variant != nullptr, c.op, ": unsupported norm/pre-add/modulation combination");
+  const NormVariant* variant = VariantRegistry<NormVariant>::find(
+      std::make_tuple(c.type, c.pre, c.scale != nullptr, c.out_scale != nullptr));
+  TORCH_CHECK(variant != nullptr, c.op, ": unsupported norm/pre-add/modulation/FP8 output combination");
   if (validation_only(*c.x)) return;
   const at::cuda::OptionalCUDAGuard device_guard(c.x->device());
   run(c, *variant);
@@ -152,9 +168,9 @@ at::Tensor empty_like_rows(const at::Tensor& x, c10::ScalarType dtype) {
 
 // ---- each op's launch ----
 
-NormCall rms_norm_call(const at::Tensor& x, const OptTensor& weight, double eps, const RmsRounding& r,
-                       at::Tensor& out) {
-  NormCall c("rms_norm", NormType::kRms, x, out, eps);
+NormCall rms_norm_call(const char* op, const at::Tensor& x, const OptTensor& weight, double eps,
+                       const RmsRounding& r, at::Tensor& out) {
+  NormCall c(op, NormType::kRms, x, out, eps);
   c.weight = ptr(weight);
   c.round_normalized = r.round_normalized;
   return c;
@@ -173,9 +189,9 @@ NormCall fused_add_rms_norm_call(const char* op, const at::Tensor& x, const at::
   return c;
 }
 
-NormCall layer_norm_call(const at::Tensor& x, const OptTensor& weight, const OptTensor& bias, double eps,
-                         at::Tensor& out) {
-  NormCall c("layer_norm", NormType::kLayer, x, out, eps);
+NormCall layer_norm_call(const char* op, const at::Tensor& x, const OptTensor& weight, const OptTensor& bias,
+                         double eps, at::Tensor& out) {
+  NormCall c(op, NormType::kLayer, x, out, eps);
   c.weight = ptr(weight);
   c.bias = ptr(bias);
   return c;
@@ -241,14 +257,14 @@ NormType check_modulated(const char* op, const at::Tensor& x, const at::Tensor& 
 at::Tensor rms_norm(const at::Tensor& x, const OptTensor& weight, double eps, std::string_view rounding) {
   const RmsRounding r = check_rms_norm("rms_norm", x, weight, eps, rounding);
   at::Tensor out = empty_like_rows(x, r.out_dtype);
-  launch_norm_call(rms_norm_call(x, weight, eps, r, out));
+  launch_norm_call(rms_norm_call("rms_norm", x, weight, eps, r, out));
   return out;
 }
 
 void rms_norm_out(at::Tensor& out, const at::Tensor& x, const OptTensor& weight, double eps,
                   std::string_view rounding) {
   const RmsRounding r = check_rms_norm("rms_norm", x, weight, eps, rounding);
-  const NormCall c = rms_norm_call(x, weight, eps, r, out);
+  const NormCall c = rms_norm_call("rms_norm", x, weight, eps, r, out);
   check_output(c, out, "out", r.out_dtype);
   launch_norm_call(c);
 }
@@ -311,14 +327,14 @@ void check_layer_norm(const char* op, const at::Tensor& x, const OptTensor& weig
 at::Tensor layer_norm(const at::Tensor& x, const OptTensor& weight, const OptTensor& bias, double eps) {
   check_layer_norm("layer_norm", x, weight, bias, eps);
   at::Tensor out = empty_like_rows(x, x.scalar_type());
-  launch_norm_call(layer_norm_call(x, weight, bias, eps, out));
+  launch_norm_call(layer_norm_call("layer_norm", x, weight, bias, eps, out));
   return out;
 }
 
 void layer_norm_out(at::Tensor& out, const at::Tensor& x, const OptTensor& weight, const OptTensor& bias,
                     double eps) {
   check_layer_norm("layer_norm", x, weight, bias, eps);
-  const NormCall c = layer_norm_call(x, weight, bias, eps, out);
+  const NormCall c = layer_norm_call("layer_norm", x, weight, bias, eps, out);
   check_output(c, out, "out", x.scalar_type());
   launch_norm_call(c);
 }
@@ -378,11 +394,83 @@ void gated_add_norm_modulate_out(at::Tensor& h_out, at::Tensor& out, const at::T
   launch_norm_call(c);
 }
 
+// ---- FP8 outputs: the op's output in x's dtype, quantized per row (quantize_fp8's codes and scales) ----
+
+namespace {
+using Fp8Rows = std::tuple<at::Tensor, at::Tensor>;
+
+// The codes [..., H] and row scales [..., 1] of x's rows.
+Fp8Rows empty_fp8_rows(const at::Tensor& x) {
+  std::vector<int64_t> scale_sizes(x.sizes().begin(), x.sizes().end());
+  scale_sizes.back() = 1;
+  return {empty_like_rows(x, at::kFloat8_e4m3fn), empty_tensor(scale_sizes, x.options().dtype(at::kFloat))};
+}
+
+// c (its `out` the codes of `rows`) with the row scales of `rows`, launched.
+void launch_fp8(NormCall c, Fp8Rows& rows) {
+  c.out_scale = &std::get<1>(rows);
+  launch_norm_call(c);
+}
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> rms_norm_fp8(const at::Tensor& x, const OptTensor& weight, double eps,
+                                                std::string_view rounding) {
+  constexpr const char* op = "rms_norm_fp8";
+  const RmsRounding r = check_rms_norm(op, x, weight, eps, rounding);
+  Fp8Rows rows = empty_fp8_rows(x);
+  launch_fp8(rms_norm_call(op, x, weight, eps, r, std::get<0>(rows)), rows);
+  return rows;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_add_rms_norm_fp8(const at::Tensor& x, const at::Tensor& residual,
+                                                                      const OptTensor& weight, double eps,
+                                                                      std::string_view rounding) {
+  constexpr const char* op = "fused_add_rms_norm_fp8";
+  const RmsRounding r = check_rms_norm(op, x, weight, eps, rounding);
+  check_same_as_x(op, residual, "residual", x);
+  Fp8Rows rows = empty_fp8_rows(x);
+  at::Tensor h = empty_like_rows(x, x.scalar_type());
+  launch_fp8(fused_add_rms_norm_call(op, x, residual, weight, eps, r, std::get<0>(rows), h), rows);
+  return {std::get<0>(rows), std::get<1>(rows), h};
+}
+
+std::tuple<at::Tensor, at::Tensor> layer_norm_fp8(const at::Tensor& x, const OptTensor& weight, const OptTensor& bias,
+                                                  double eps) {
+  constexpr const char* op = "layer_norm_fp8";
+  check_layer_norm(op, x, weight, bias, eps);
+  Fp8Rows rows = empty_fp8_rows(x);
+  launch_fp8(layer_norm_call(op, x, weight, bias, eps, std::get<0>(rows)), rows);
+  return rows;
+}
+
+std::tuple<at::Tensor, at::Tensor> norm_modulate_fp8(const at::Tensor& x, const at::Tensor& scale,
+                                                     const OptTensor& shift, const OptTensor& weight,
+                                                     const OptTensor& bias, double eps, std::string_view norm) {
+  constexpr const char* op = "norm_modulate_fp8";
+  const NormType type = check_modulated(op, x, scale, shift, weight, bias, eps, norm);
+  Fp8Rows rows = empty_fp8_rows(x);
+  launch_fp8(modulated_call(op, type, x, scale, shift, weight, bias, eps, std::get<0>(rows)), rows);
+  return rows;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gated_add_norm_modulate_fp8(
+    const at::Tensor& x, const at::Tensor& y, const OptTensor& gate, const at::Tensor& scale, const OptTensor& shift,
+    const OptTensor& weight, const OptTensor& bias, double eps, std::string_view norm) {
+  constexpr const char* op = "gated_add_norm_modulate_fp8";
+  const NormType type = check_modulated(op, x, scale, shift, weight, bias, eps, norm);
+  check_gated(op, x, y, gate);
+  Fp8Rows rows = empty_fp8_rows(x);
+  at::Tensor h = empty_like_rows(x, x.scalar_type());
+  launch_fp8(gated_call(op, type, x, y, gate, scale, shift, weight, bias, eps, std::get<0>(rows), h), rows);
+  return {h, std::get<0>(rows), std::get<1>(rows)};
+}
+
 // The entry points defined above are the ones ops.h declares: a definition with another signature
 // would be a second overload, and taking its address here ambiguous (a compile error, not a failure
 // to load the extension).
 [[maybe_unused]] constexpr auto kDeclaredEntryPoints = std::make_tuple(&rms_norm, &rms_norm_out, &fused_add_rms_norm,
     &fused_add_rms_norm_out, &fused_add_rms_norm_inplace, &layer_norm, &layer_norm_out, &norm_modulate,
-    &norm_modulate_out, &gated_add_norm_modulate, &gated_add_norm_modulate_out);
+    &norm_modulate_out, &gated_add_norm_modulate, &gated_add_norm_modulate_out, &rms_norm_fp8,
+    &fused_add_rms_norm_fp8, &layer_norm_fp8, &norm_modulate_fp8, &gated_add_norm_modulate_fp8);
 
 }  // namespace transformer_kernels

@@ -48,7 +48,8 @@ int block_threads(int64_t vecs) {
 }
 
 // Row groups (Policy::RowGroups) for rows that fit them, a block per row beyond;
-// split rows (p.split_chunks > 1): two launches over (chunk, row), the statistics first. These are
+// split rows (p.split_chunks > 1; not with an FP8 output, whose row scale needs the whole row): two
+// launches over (chunk, row), the statistics first. These are
 // compiled for the 16-byte path of the unmodulated norms; the modulated norms (DiT blocks: rows of
 // 1536 and more in every supported model) and the scalar path (misaligned views) take a block per
 // whole row at every width (NOTES.md §Build size and instantiations).
@@ -57,7 +58,7 @@ cudaError_t LaunchNorm(const typename Op::Params& p, cudaStream_t stream) {
   using Policy = typename Op::policy;
   constexpr bool kEverySchedule = kVec > 1 && !Op::kModulated;
   const int64_t num_vecs = p.hidden / kVec;
-  if constexpr (kEverySchedule) {
+  if constexpr (kEverySchedule && !Op::kFp8Out) {
     if (p.split_chunks > 1) {
       constexpr auto kStats = norm_kernel<Op, kVec, 0, RowPass::kChunkStats>();
       constexpr auto kFromStats = norm_kernel<Op, kVec, 0, RowPass::kChunkFromStats>();
@@ -106,7 +107,8 @@ bool vectorizable(const NormParams<T, W, O>& p, int vec) {
 // (vectorizable), scalar otherwise.
 // kMod requires p.scale (p.shift optional); without kMod scale and shift are ignored. p.split_chunks
 // > 1 (from norm_split_chunks) needs p.split_stats and lets the 16-byte path of the unmodulated
-// norms split rows (two launches).
+// norms split rows (two launches). out_t uint8_t (an FP8 output: e4m3 codes) needs p.out_scale and
+// whole rows (split_chunks 1).
 template <NormType kNorm, PreAdd kPre, bool kMod, typename Policy = NormPolicy, typename T, typename weight_t,
           typename out_t>
 cudaError_t norm(const NormParams<T, weight_t, out_t>& p, cudaStream_t stream) {
@@ -115,6 +117,7 @@ cudaError_t norm(const NormParams<T, weight_t, out_t>& p, cudaStream_t stream) {
                              norm_chunks<Policy>(p.hidden) != p.split_chunks))
     return cudaErrorInvalidValue;
   using Op = NormOp<Policy, T, weight_t, out_t, kNorm, kPre, kMod>;
+  if (Op::kFp8Out && (p.out_scale == nullptr || p.split_chunks > 1)) return cudaErrorInvalidValue;
   constexpr int kVec = vec_size<T>();
   return norm_detail::vectorizable(p, kVec) ? norm_detail::LaunchNorm<Op, kVec>(p, stream)
                                             : norm_detail::LaunchNorm<Op, 1>(p, stream);

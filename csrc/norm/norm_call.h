@@ -1,5 +1,5 @@
 // What the norm bindings build for one launch: its tensors (NormCall). The torch-free launchers they
-// call, one per (norm, pre-add, modulation) combination, are compiled in instances/ and found in the
+// call, one per (norm, pre-add, modulation, FP8 output) combination, are compiled in instances/ and found in the
 // VariantRegistry<NormVariant> (norm_instances.cuh).
 #pragma once
 
@@ -31,6 +31,8 @@ struct NormCall {
   const at::Tensor* scale = nullptr;  // broadcast to x's shape
   const at::Tensor* shift = nullptr;  // broadcast to x's shape
   at::Tensor* h_out = nullptr;
+  // An FP8 output: `out` holds e4m3 codes of the values in x's dtype, this each row's scale [..., 1].
+  at::Tensor* out_scale = nullptr;
   bool round_normalized = false;
 
   NormCall(const char* op_, NormType type_, const at::Tensor& x_, at::Tensor& out_, double eps_)

@@ -8,6 +8,8 @@
 //   n   = RMSNorm(h) with the replaced module's rounding, or LayerNorm(h) computed in fp32
 //   out = n                        (no modulation)
 //       | round(round(round(n) * round(1 + scale)) + shift)   (AdaLN modulation, eager rounding)
+//   FP8 output (out_t uint8_t): out in x's dtype as above, then per-row e4m3 codes and the row's scale
+//       (common/fp8.cuh), the same bits as quantize_fp8 of the 16-bit output: the next GEMM's input.
 //
 // Rounding steps reproduce the eager PyTorch code op by op (each bf16/fp16 op rounds its result);
 // for float32 tensors they are no-ops. h is written to h_out when given (the new residual).
@@ -20,6 +22,7 @@
 #include <type_traits>
 
 #include "common/float_type.h"
+#include "common/fp8.cuh"
 #include "common/math.cuh"
 #include "common/reduce.cuh"
 #include "common/rows.cuh"
@@ -60,6 +63,8 @@ struct NormParams {
   int split_chunks = 1;
   int split_chunk_elems = 0;
   float* split_stats = nullptr;
+  // FP8 output (out_t uint8_t, `out` the e4m3 codes): [num_rows] contiguous, each row's scale.
+  float* out_scale = nullptr;
 };
 
 static_assert(NormPolicy::kSplitChunkElems % 8 == 0, "chunks start on a vector of every dtype");
@@ -69,19 +74,20 @@ static_assert(NormPolicy::kSplitChunkElems % 8 == 0, "chunks start on a vector o
 struct NormLaunch {
   FloatType x_type;       // T: x, residual, gate, scale, shift, h_out
   FloatType weight_type;  // weight and bias
-  FloatType out_type;
+  FloatType out_type;  // ignored with an FP8 output (its values are in x's dtype before quantization)
   NormParams<void, void, void> params;
 };
 
-// One compiled (norm, pre-add, modulation) combination: its launcher for a NormLaunch of any dtypes
+// One compiled (norm, pre-add, modulation, FP8 output) combination: its launcher for a NormLaunch of any dtypes
 // it serves (norm_instances.cuh). instances/*.cu register theirs; the binding finds them by key.
 struct NormVariant {
-  std::tuple<NormType, PreAdd, bool> key;  // the norm, the pre-add, modulated
+  std::tuple<NormType, PreAdd, bool, bool> key;  // the norm, the pre-add, modulated, FP8 output
   cudaError_t (*launch)(const NormLaunch&, cudaStream_t);
 };
 
-// What a norm kernel computes: x's dtype T, the weight's and the output's, the norm, the pre-add
-// and the modulation (kMod: AdaLN scale, optional shift); and the policy it is compiled with.
+// What a norm kernel computes: x's dtype T, the weight's and the output's (uint8_t: e4m3 codes of
+// values in T, and their row scales), the norm, the pre-add and the modulation (kMod: AdaLN scale,
+// optional shift); and the policy it is compiled with.
 // Features an op does not use are compiled out (bias for RMSNorm, h_out without a pre-add, the
 // modulation): each costs registers, and fewer registers keep more rows in flight per SM.
 template <typename Policy, typename T, typename weight_t, typename out_t, NormType kNorm, PreAdd kPre, bool kMod>
@@ -90,6 +96,9 @@ struct NormOp {
   using x_type = T;
   using weight_type = weight_t;
   using out_type = out_t;
+  static constexpr bool kFp8Out = std::is_same_v<out_t, uint8_t>;
+  // The output's values before they are stored: quantized outputs are x's dtype first.
+  using value_type = std::conditional_t<kFp8Out, T, out_t>;
   using Params = NormParams<T, weight_t, out_t>;
   static constexpr NormType kType = kNorm;
   static constexpr PreAdd kPreAdd = kPre;
@@ -119,14 +128,17 @@ struct NormRow {
   using T = typename Op::x_type;
   using weight_t = typename Op::weight_type;
   using out_t = typename Op::out_type;
+  using value_t = typename Op::value_type;
   using vec = vec_t<T, kVec>;
   static constexpr NormType kNorm = Op::kType;
   static constexpr PreAdd kPre = Op::kPreAdd;
   static constexpr bool kMod = Op::kModulated;
+  static constexpr bool kFp8Out = Op::kFp8Out;
   static constexpr int kCachedVecs = Op::template cached_vecs<kThreadsPerRow>();
   static constexpr bool kSplit = kPass != RowPass::kWholeRow;
   static constexpr bool kFromStats = kPass == RowPass::kChunkFromStats;
   static_assert(!kSplit || kThreadsPerRow == 0, "a split row's chunk takes a whole block");
+  static_assert(!kFp8Out || !kSplit, "a quantized row's scale needs the whole row in one row group");
   using Cached = vec[kCachedVecs];
 
   const typename Op::Params& p;
@@ -310,8 +322,9 @@ struct NormRow {
   }
 
   // The last pass: normalize, affine, modulation and store every vector (the cached ones, then
-  // the rest read again) and the tail element.
-  TK_DEVICE void store(const Cached& cached, float tail_h, float mean, float inv_std) const {
+  // the rest read again) and the tail element. An FP8 output keeps the cached vectors' values in
+  // `cached`, reduces the row's amax, then stores their codes (store_codes).
+  TK_DEVICE void store(Cached& cached, float tail_h, float mean, float inv_std) const {
     const T* scale = kMod ? p.scale + p.scale_rows.offset(row) + col0 : nullptr;
     const T* shift = kMod && p.shift != nullptr ? p.shift + p.shift_rows.offset(row) + col0 : nullptr;
     // y: h on entry, the norm's output n (with its affine) on return, in fp32, for N values (a
@@ -335,10 +348,10 @@ struct NormRow {
     // the eager fp32 ops each cast to T, vec.cuh; kMod outputs are T).
     auto finish = [&](const auto& y, const auto& s, const auto& sh) {
       constexpr int N = sizeof(y) / sizeof(y[0]);
-      vec_t<out_t, N> o;
+      vec_t<value_t, N> o;
       o.cast_from(y);
       if constexpr (kMod) {
-        static_assert(std::is_same_v<out_t, T>, "modulated norms output x's dtype");
+        static_assert(std::is_same_v<value_t, T>, "modulated norms output x's dtype");
         o = mul_rn(o, add_rn(filled<T, N>(from_float<T>(1.f)), s));
         if (shift != nullptr) o = add_rn(o, sh);
       }
@@ -364,9 +377,10 @@ struct NormRow {
     // product of two T values rounded to T, one packed multiply (mul_rn: the same bits) instead of
     // converting both to fp32 and back (NOTES.md §norm).
     constexpr bool kPackedWeight = kNorm == NormType::kRms && !kMod && sizeof(T) == 2 &&
-                                   std::is_same_v<weight_t, T> && std::is_same_v<out_t, T>;
+                                   std::is_same_v<weight_t, T> && std::is_same_v<value_t, T>;
     const bool packed_weight = kPackedWeight && p.round_normalized && p.weight != nullptr;
-    auto store_vec = [&](const vec& h, const ColumnParams& c, int v) {
+    // The output values of a vector of h, handed to `sink` (its store; the FP8 output's amax and codes).
+    auto emit = [&](const vec& h, const ColumnParams& c, auto&& sink) {
       if constexpr (kPackedWeight) {
         if (packed_weight) {
           float y[kVec];
@@ -375,7 +389,7 @@ struct NormRow {
           for (int i = 0; i < kVec; ++i) y[i] *= inv_std;
           vec normalized;
           normalized.cast_from(y);
-          mul_rn(normalized, c.w).store(out + v * kVec);
+          sink(mul_rn(normalized, c.w));
           return;
         }
       }
@@ -387,16 +401,10 @@ struct NormRow {
       float y[kVec];
       h.cast_to(y);
       normalize(y, w, b);
-      finish(y, c.s, c.sh).store(out + v * kVec);
+      sink(finish(y, c.s, c.sh));
     };
-#pragma unroll
-    for (int k = 0; k < kCachedVecs; ++k) {
-      const int v = lane + k * threads;
-      if (v < num_vecs) store_vec(cached[k], load_params(v), v);
-    }
-    for (int v = lane + kCachedVecs * threads; v < num_vecs; v += threads)
-      store_vec(load_h(v, true), load_params(v), v);
-    if (has_tail) {
+    // The tail element's output value.
+    auto tail_value = [&]() {
       const int c = tail_col;
       float y[1] = {tail_h};
       const float w[1] = {p.weight ? to_float(p.weight[col0 + c]) : 1.f};
@@ -407,8 +415,66 @@ struct NormRow {
         if (shift != nullptr) sh[0] = shift[c];
       }
       normalize(y, w, b);
-      out[c] = finish(y, s, sh)[0];
+      return finish(y, s, sh)[0];
+    };
+    if constexpr (kFp8Out) {
+      store_codes(cached, emit, tail_value, load_params);
+    } else {
+      auto store_vec = [&](const vec& h, const ColumnParams& c, int v) {
+        emit(h, c, [&](const auto& o) { o.store(out + v * kVec); });
+      };
+#pragma unroll
+      for (int k = 0; k < kCachedVecs; ++k) {
+        const int v = lane + k * threads;
+        if (v < num_vecs) store_vec(cached[k], load_params(v), v);
+      }
+      for (int v = lane + kCachedVecs * threads; v < num_vecs; v += threads)
+        store_vec(load_h(v, true), load_params(v), v);
+      if (has_tail) out[tail_col] = tail_value();
     }
+  }
+
+  // store's FP8 output: the values of the row (the cached vectors' kept in `cached`, the rest
+  // computed again after the reduction), its amax over the row's threads, its scale, their codes.
+  template <typename Emit, typename TailValue, typename LoadParams>
+  TK_DEVICE void store_codes(Cached& cached, const Emit& emit, const TailValue& tail_value,
+                             const LoadParams& load_params) const {
+    auto fold_amax = [](float amax, const vec& o) {
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) amax = NanMaxOp{}(amax, fabsf(to_float(o[i])));
+      return amax;
+    };
+    float amax = 0.f;
+#pragma unroll
+    for (int k = 0; k < kCachedVecs; ++k) {
+      const int v = lane + k * threads;
+      if (v < num_vecs) {
+        emit(cached[k], load_params(v), [&](const vec& o) { cached[k] = o; });
+        amax = fold_amax(amax, cached[k]);
+      }
+    }
+    for (int v = lane + kCachedVecs * threads; v < num_vecs; v += threads)
+      emit(load_h(v, true), load_params(v), [&](const vec& o) { amax = fold_amax(amax, o); });
+    const float tail = has_tail ? to_float(tail_value()) : 0.f;
+    amax = NanMaxOp{}(amax, fabsf(tail));
+    // Its own shared array (NanMaxOp's): no barrier after the statistics' reductions.
+    amax = row_reduce<NanMaxOp, kThreadsPerRow>(amax, lanes_with_rows);
+    const float scale = fp8_row_scale(amax);
+    if (lane == 0) p.out_scale[row] = scale;
+    auto store_vec_codes = [&](const vec& o, int v) {
+      vec_t<uint8_t, kVec> codes;
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) codes[i] = fp8_code(to_float(o[i]), scale);
+      codes.store(out + v * kVec);
+    };
+#pragma unroll
+    for (int k = 0; k < kCachedVecs; ++k) {
+      const int v = lane + k * threads;
+      if (v < num_vecs) store_vec_codes(cached[k], v);
+    }
+    for (int v = lane + kCachedVecs * threads; v < num_vecs; v += threads)
+      emit(load_h(v, true), load_params(v), [&](const vec& o) { store_vec_codes(o, v); });
+    if (has_tail) out[tail_col] = fp8_code(tail, scale);
   }
 };
 

@@ -45,6 +45,27 @@ void gated_add_norm_modulate_out(at::Tensor& h_out, at::Tensor& out, const at::T
                                  const std::optional<at::Tensor>& gate, const at::Tensor& scale,
                                  const std::optional<at::Tensor>& shift, const std::optional<at::Tensor>& weight,
                                  const std::optional<at::Tensor>& bias, double eps, std::string_view norm);
+// ---- FP8 outputs: each op's output in x's dtype, quantized per row as quantize_fp8 quantizes it (the same
+// codes and scales), in the same pass: (codes [..., H] float8_e4m3fn, scale [..., 1] float32) ----
+std::tuple<at::Tensor, at::Tensor> rms_norm_fp8(const at::Tensor& x, const std::optional<at::Tensor>& weight,
+                                                double eps, std::string_view rounding);
+// -> (codes, scale, residual_out)
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_add_rms_norm_fp8(const at::Tensor& x, const at::Tensor& residual,
+                                                                      const std::optional<at::Tensor>& weight,
+                                                                      double eps, std::string_view rounding);
+std::tuple<at::Tensor, at::Tensor> layer_norm_fp8(const at::Tensor& x, const std::optional<at::Tensor>& weight,
+                                                  const std::optional<at::Tensor>& bias, double eps);
+std::tuple<at::Tensor, at::Tensor> norm_modulate_fp8(const at::Tensor& x, const at::Tensor& scale,
+                                                     const std::optional<at::Tensor>& shift,
+                                                     const std::optional<at::Tensor>& weight,
+                                                     const std::optional<at::Tensor>& bias, double eps,
+                                                     std::string_view norm);
+// -> (h, codes, scale)
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gated_add_norm_modulate_fp8(
+    const at::Tensor& x, const at::Tensor& y, const std::optional<at::Tensor>& gate, const at::Tensor& scale,
+    const std::optional<at::Tensor>& shift, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias, double eps, std::string_view norm);
+
 // x, y: [..., H]; gate broadcast to x -> x + gate * y
 at::Tensor gated_add(const at::Tensor& x, const at::Tensor& y, const at::Tensor& gate);
 void gated_add_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& y, const at::Tensor& gate);

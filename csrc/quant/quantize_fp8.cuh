@@ -7,11 +7,11 @@
 // the down projection's input, bit for bit quantize_fp8(act_mul(gate, up)). Torch-free.
 #pragma once
 
-#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
+#include "common/fp8.cuh"
 #include "common/kernel.cuh"
 #include "common/reduce.cuh"
 #include "common/rows.cuh"
@@ -21,11 +21,6 @@
 #include "quant/quant_policy.cuh"
 
 namespace transformer_kernels {
-
-// The largest finite e4m3 value; the smallest amax a scale is formed from (torchao's floor), so
-// that an all-zero row gets a finite scale (and zero values).
-constexpr float kFp8E4m3Max = 448.f;
-constexpr float kFp8AmaxFloor = 1e-12f;
 
 template <typename T>
 struct QuantizeFp8Params {
@@ -41,12 +36,6 @@ struct QuantizeFp8Params {
 };
 
 namespace quant_detail {
-
-// The e4m3 code of x / scale: the quotient rounded once in fp32, then to nearest even in e4m3,
-// saturating (NaN stays NaN).
-TK_DEVICE uint8_t fp8_code(float x, float scale) {
-  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(__fdiv_rn(x, scale), __NV_SATFINITE, __NV_E4M3));
-}
 
 // The kVec values at vector i of a row: x's, or act(gate) * up rounded as act_mul rounds it.
 template <Activation kAct, typename T, int kVec>
@@ -83,8 +72,7 @@ __device__ void quantize_fp8_body(const QuantizeFp8Params<T>& p) {
     for (int k = 0; k < kVec; ++k) amax[0] = NanMaxOp{}(amax[0], fabsf(f[k]));
   }
   block_reduce<NanMaxOp, 1>(amax);
-  const float floored = amax[0] != amax[0] ? amax[0] : fmaxf(amax[0], kFp8AmaxFloor);
-  const float scale = __fdiv_rn(floored, kFp8E4m3Max);
+  const float scale = fp8_row_scale(amax[0]);
   if (threadIdx.x == 0) p.scale[row] = scale;
   for (int64_t i = threadIdx.x; i < vecs; i += blockDim.x) {
     float f[kVec];

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 from types import ModuleType
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import torch
 
@@ -43,7 +43,7 @@ SWITCHES = tuple(sorted(set(diffusers_models.SWITCHES) | set(transformers_models
 
 
 def inject(model_or_pipe, tk: ModuleType | None = None, *, strict: bool = False, training: bool | None = None,
-           **switches: bool) -> InjectionReport:
+           fp8: bool = False, fp8_exclude: Iterable[str] = (), **switches: bool) -> InjectionReport:
     """Patches a transformers model, a diffusers model, or every component of a diffusers pipeline in
     place, and returns the report (replaced, skipped with why, run-time fallbacks).
 
@@ -56,14 +56,18 @@ def inject(model_or_pipe, tk: ModuleType | None = None, *, strict: bool = False,
     module (default: ``load_kernel()``, the Hub or the local build LOCAL_KERNELS names). ``training``
     (default: whether any of the models is in training mode): only the rules whose ops have a
     backward, and a causal LM's loss through the fused linear cross-entropy
-    (``fused_linear_cross_entropy``)."""
+    (``fused_linear_cross_entropy``). ``fp8=True`` (off by default; inference on GPUs with FP8 tensor
+    cores, compute capability 8.9+): the large linear layers of the transformer blocks run as FP8
+    GEMMs, quantized per token and per output channel (``fp8.py`` says which layers stay bf16 and what
+    it costs in memory); ``fp8_exclude``: ``fnmatch`` patterns of module paths kept in bf16."""
     if isinstance(model_or_pipe, torch.nn.Module):
         models = [("", model_or_pipe)]
     else:
         models = diffusers_models.components(model_or_pipe)
     tables = [(name, m, (transformers_models if _is_transformers_model(m) else diffusers_models).TABLE)
               for name, m in models]
-    return inject_models(tables, tk, switches=switches, known_switches=SWITCHES, strict=strict, training=training)
+    return inject_models(tables, tk, switches=switches, known_switches=SWITCHES, strict=strict, training=training,
+                         fp8=fp8, fp8_exclude=fp8_exclude)
 
 
 def uninject(model_or_pipe) -> int:
@@ -75,9 +79,10 @@ def uninject(model_or_pipe) -> int:
 
 @contextlib.contextmanager
 def injected(model_or_pipe, tk: ModuleType | None = None, *, strict: bool = False, training: bool | None = None,
-             **switches: bool) -> Iterator[InjectionReport]:
+             fp8: bool = False, fp8_exclude: Iterable[str] = (), **switches: bool) -> Iterator[InjectionReport]:
     """``inject`` for the duration of a ``with`` block; ``uninject`` on leaving it, even on an error."""
-    report = inject(model_or_pipe, tk, strict=strict, training=training, **switches)
+    report = inject(model_or_pipe, tk, strict=strict, training=training, fp8=fp8, fp8_exclude=fp8_exclude,
+                    **switches)
     try:
         yield report
     finally:

@@ -95,6 +95,8 @@ class MergedLinear:
         self.bias: torch.Tensor | None
         # told why where use() finds the merge unusable (the integration logs, counts or raises it)
         self.on_fallback: Callable[[str], None] | None = None
+        # set by inject(fp8=True) (fp8.py): the FP8 GEMM, giving its output, or None where it cannot take x
+        self.low_precision: Callable[[torch.Tensor], torch.Tensor | None] | None = None
         self.merge()
 
     def _linears(self) -> list[torch.nn.Linear]:
@@ -189,6 +191,10 @@ class MergedLinear:
             any(p is not None and p.requires_grad for p in own)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.low_precision is not None:
+            out = self.low_precision(x)
+            if out is not None:
+                return out
         return F.linear(x, self.weight, self.bias)
 
     def split(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:

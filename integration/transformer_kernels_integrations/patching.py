@@ -48,6 +48,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from . import fp8 as fp8_layers
 from . import merging
 
 logger = logging.getLogger("transformer_kernels_integrations")
@@ -66,7 +67,9 @@ class InjectionReport:
     (the names of docs/ops.md and ``tk.has_backward``); ``skipped``: module path -> why no rule
     patched it (a rule's reason, or the switch that is off); ``fallbacks``: kind -> when its patched
     path runs the library's own code instead of the kernel; ``fallbacks_taken``: kind -> how often
-    that happened since (updated while the model runs; not counted under torch.compile)."""
+    that happened since (updated while the model runs; not counted under torch.compile).
+    ``fp8_layers``: the paths of the linear layers ``inject(fp8=True)`` runs in FP8; ``fp8_weight_bytes``:
+    the memory their FP8 weights add (the bf16 weights are kept)."""
 
     replaced: dict[str, int] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
@@ -75,6 +78,8 @@ class InjectionReport:
     switches: dict[str, bool] = field(default_factory=dict)
     training: bool = False  # injected for training: only rules whose ops have a backward
     ops: dict[str, tuple[str, ...]] = field(default_factory=dict)  # kind -> the ops it runs (docs/ops.md)
+    fp8_layers: list[str] = field(default_factory=list)
+    fp8_weight_bytes: int = 0
 
     @property
     def left(self) -> dict[str, str]:  # the name before the switches came
@@ -97,6 +102,9 @@ class InjectionReport:
         for why, paths in sorted(by_reason.items()):
             shown = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
             lines.append(f"skipped {len(paths)} ({why}): {shown}")
+        if self.fp8_layers:
+            lines.append(f"fp8: {len(self.fp8_layers)} linear layers in FP8, {self.fp8_weight_bytes / 2**20:.1f} MiB of "
+                         "e4m3 weights and scales beside the bf16 weights (kept for uninject)")
         lines += [f"can fall back: {kind}: {when}" for kind, when in sorted(self.fallbacks.items())]
         lines += [f"fell back {n}x: {kind}" for kind, n in sorted(self.fallbacks_taken.items())]
         return "\n".join(lines)
@@ -360,11 +368,13 @@ def check_switches(switches: dict[str, bool], known: Iterable[str], where: str) 
 
 
 def apply_rules(models: Iterable[tuple[str, torch.nn.Module, tuple[Rule, ...]]], tk: ModuleType, *,
-                switches: dict[str, bool], strict: bool = False, training: bool = False) -> InjectionReport:
+                switches: dict[str, bool], strict: bool = False, training: bool = False,
+                fp8_exclude: Iterable[str] | None = None) -> InjectionReport:
     """Patches each (path prefix, model, rules) in place; returns the report. A model injected
     already must be uninjected first (its undo log would otherwise mix two injections).
     ``training``: the rules are ``for_training``'s, and the patches' ``Injection.ours`` says which
-    ops have a backward."""
+    ops have a backward. ``fp8_exclude`` (None: FP8 off): after the rules, the large linear layers
+    of the blocks but these run in FP8 (``fp8.py``)."""
     models = list(models)
     for prefix, model, _ in models:
         if hasattr(model, UNDO_ATTR):
@@ -400,6 +410,8 @@ def apply_rules(models: Iterable[tuple[str, torch.nn.Module, tuple[Rule, ...]]],
             else:
                 if reasons:
                     report.skipped[path or name] = "; ".join(reasons)
+        if fp8_exclude is not None:
+            fp8_layers.apply(model, prefix, injection, fp8_exclude)
         # set even when nothing was patched, so that uninject() of an injected model always works
         object.__setattr__(model, UNDO_ATTR, injection.undo)
     return report
@@ -446,11 +458,20 @@ def for_training(rules: Iterable[Rule], tk: ModuleType, *, strict: bool = False)
 
 def inject_models(models: Iterable[tuple[str, torch.nn.Module, RuleTable]], tk: ModuleType | None, *,
                   switches: dict[str, bool], known_switches: Iterable[str], strict: bool = False,
-                  training: bool | None = None) -> InjectionReport:
+                  training: bool | None = None, fp8: bool = False,
+                  fp8_exclude: Iterable[str] = ()) -> InjectionReport:
     """What every ``inject`` does: checks the switches against `known_switches`, loads the kernel
     (`tk` None: ``loading.load_kernel()``), decides training (None: whether any model is in
-    training mode), and applies each (path prefix, model, table)'s rules for it."""
+    training mode), and applies each (path prefix, model, table)'s rules for it; with ``fp8``, the
+    FP8 linear layers after them (inference only; refused on GPUs without FP8 tensor cores)."""
     on = check_switches(switches, known_switches, "inject")
+    if not isinstance(fp8, bool):
+        raise TypeError(f"inject: fp8 takes True or False, got {fp8!r}")
+    if isinstance(fp8_exclude, str):
+        raise TypeError(f"inject: fp8_exclude takes a sequence of module-path patterns, got the string {fp8_exclude!r}")
+    fp8_exclude = tuple(fp8_exclude)
+    if fp8_exclude and not fp8:
+        raise ValueError("inject: fp8_exclude is given but fp8 is off (fp8=True turns the FP8 layers on)")
     models = list(models)
     if tk is None:
         from .loading import load_kernel
@@ -458,5 +479,13 @@ def inject_models(models: Iterable[tuple[str, torch.nn.Module, RuleTable]], tk: 
         tk = load_kernel()
     if training is None:
         training = any(m.training for _, m, _ in models)
+    if fp8:
+        if training:
+            raise ValueError("inject: fp8=True is for inference (FP8 layers have no backward); call it on a model in "
+                             "eval mode, or with training=False")
+        if not all(hasattr(tk, op) for op in fp8_layers.OPS):
+            raise ValueError(f"inject: fp8=True needs the kernel's {' and '.join(fp8_layers.OPS)}; this build has "
+                             "none (update the kernel)")
+        fp8_layers.check_device(m for _, m, _ in models)
     return apply_rules([(prefix, m, table.rules_for(tk, training, strict)) for prefix, m, table in models], tk,
-                       switches=on, strict=strict, training=training)
+                       switches=on, strict=strict, training=training, fp8_exclude=fp8_exclude if fp8 else None)

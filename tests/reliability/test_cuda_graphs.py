@@ -223,6 +223,33 @@ def _cases():
 
     c["act_mul_fp8"] = (lambda: {"gu": _rand(64, 2 * 14336)}, act_mul_fp8)
 
+    def norm_fp8(tk, t):  # LTX's residual add + AdaLN before its feed-forward, quantized for the FP8 GEMM
+        h, codes, scale = tk.ops.gated_add_norm_modulate_fp8.default(t["x"], t["y"], t["g"], t["s"], t["sh"], None,
+                                                                     None, 1e-6, "rms")
+        return h, codes.float(), scale
+
+    c["gated_add_norm_modulate_fp8"] = (lambda: {"x": _rand(2, 512, 2048), "y": _rand(2, 512, 2048),
+                                                 "g": _rand(2, 1, 2048), "s": _rand(2, 1, 2048),
+                                                 "sh": _rand(2, 1, 2048)}, norm_fp8)
+
+    def rms_fp8(tk, t):  # a Llama decoder layer's post-attention norm at decode, quantized
+        codes, scale, h = tk.ops.fused_add_rms_norm_fp8.default(t["x"], t["r"], t["w"], 1e-5, "hf")
+        return codes.float(), scale, h
+
+    c["fused_add_rms_norm_fp8"] = (lambda: {"x": _rand(4, 1, 4096), "r": _rand(4, 1, 4096), "w": _rand(4096)},
+                                   rms_fp8)
+
+    def codes_and_scale(pair):
+        return pair[0].float(), pair[1]
+
+    c["rms_norm_fp8"] = (lambda: {"x": _rand(2, 77, 4096), "w": _rand(4096)}, lambda tk, t: codes_and_scale(
+        tk.ops.rms_norm_fp8.default(t["x"], t["w"], 1e-5, "hf")))
+    c["layer_norm_fp8"] = (lambda: {"x": _rand(2, 77, 1280), "w": _rand(1280), "b": _rand(1280)},
+                           lambda tk, t: codes_and_scale(tk.ops.layer_norm_fp8.default(t["x"], t["w"], t["b"], 1e-5)))
+    c["norm_modulate_fp8"] = (lambda: {"x": _rand(2, 512, 3072), "s": _rand(2, 1, 3072), "sh": _rand(2, 1, 3072)},
+                              lambda tk, t: codes_and_scale(tk.ops.norm_modulate_fp8.default(
+                                  t["x"], t["s"], t["sh"], None, None, 1e-6, "layer")))
+
     # the FP8 linear of LTX's FFN input projection on quantized operands (codes and scales as inputs)
     def fp8_inputs():
         from reference.fp8 import quantize_fp8_rowwise

@@ -55,6 +55,19 @@ CASES = {
                                ValueError, "norm_modulate: norm must be"),
     "norm_modulate_scale_width": (lambda tk, d: tk.norm_modulate(t(d, 2, 4, 64), t(d, 2, 1, 32)), ValueError,
                                   "norm_modulate: scale"),
+    # the norms' FP8 outputs check their inputs as the norms do, under their own names
+    "rms_norm_fp8_float64_x": (lambda tk, d: tk.rms_norm_fp8(t(d, 4, 64, dtype=torch.float64)), TypeError,
+                               "rms_norm_fp8: x must be float32, float16 or bfloat16, got Double"),
+    "rms_norm_fp8_rounding": (lambda tk, d: tk.rms_norm_fp8(t(d, 4, 64), rounding="vllm"), ValueError,
+                              "rms_norm_fp8: rounding must be"),
+    "fused_add_rms_norm_fp8_residual_shape": (lambda tk, d: tk.fused_add_rms_norm_fp8(t(d, 4, 64), t(d, 4, 32)),
+                                              ValueError, "fused_add_rms_norm_fp8: residual"),
+    "layer_norm_fp8_bias_width": (lambda tk, d: tk.layer_norm_fp8(t(d, 4, 64), None, t(d, 63)), ValueError,
+                                  r"layer_norm_fp8: bias must be 1-D with x.shape\[-1\] = 64 elements"),
+    "norm_modulate_fp8_bad_norm": (lambda tk, d: tk.norm_modulate_fp8(t(d, 2, 4, 64), t(d, 2, 1, 64), norm="batch"),
+                                   ValueError, "norm_modulate_fp8: norm must be"),
+    "gated_add_norm_modulate_fp8_y_shape": (lambda tk, d: tk.gated_add_norm_modulate_fp8(
+        t(d, 2, 4, 64), t(d, 2, 3, 64), None, t(d, 2, 1, 64)), ValueError, "gated_add_norm_modulate_fp8: y"),
     # activations
     "silu_float64": (lambda tk, d: tk.silu(t(d, 4, 64, dtype=torch.float64)), TypeError,
                      "x must be float32, float16 or bfloat16"),

@@ -23,6 +23,11 @@ statistics of x, so the forward is the inference kernel), under eager and
 input that requires grad they raise instead of dropping the gradient. ``gated_add``'s autograd
 (an activation-family op whose backward is the modulations' broadcast reduction) is registered
 here too.
+
+FP8 outputs (``*_fp8``): the same ops with their output (in x's dtype, as the op above gives it)
+quantized per row in the same pass, as ``quantize_fp8`` quantizes it: the same codes and scales
+bit for bit, without writing the 16-bit output. They feed ``linear_fp8``; inference only (no
+backward: refused under grad like every op without one).
 """
 
 from typing import Optional, Tuple
@@ -236,6 +241,77 @@ def gated_add(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, out: Optiona
     return out
 
 
+def rms_norm_fp8(
+    x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float = 1e-6, rounding: str = "hf"
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``quantize_fp8(rms_norm(x, weight, eps, rounding=rounding).to(x.dtype))`` in one pass: the
+    e4m3 codes ``[..., hidden]`` and the row scales ``[..., 1]`` (float32) of the norm's output in
+    x's dtype (an fp32 weight's "hf"/"diffusers" output is rounded to x's dtype first). A decoder
+    layer's first norm feeding its FP8 q/k/v projection."""
+    return dispatch(_rms_norm_fp8, x, weight, eps, rounding)
+
+
+def fused_add_rms_norm_fp8(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: Optional[torch.Tensor] = None,
+    eps: float = 1e-6,
+    rounding: str = "hf",
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``fused_add_rms_norm`` with its output quantized per row: ``residual_out = x + residual``,
+    then ``rms_norm_fp8(residual_out)``.
+
+    Returns
+    -------
+    (codes, scale, residual_out)
+    """
+    return dispatch(_fused_add_rms_norm_fp8, x, residual, weight, eps, rounding)
+
+
+def layer_norm_fp8(
+    x: torch.Tensor, weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None, eps: float = 1e-5
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``quantize_fp8(layer_norm(x, weight, bias, eps))`` in one pass: ``(codes, scale)``."""
+    return dispatch(_layer_norm_fp8, x, weight, bias, eps)
+
+
+def norm_modulate_fp8(
+    x: torch.Tensor,
+    scale: torch.Tensor,
+    shift: Optional[torch.Tensor] = None,
+    norm: str = "rms",
+    weight: Optional[torch.Tensor] = None,
+    bias: Optional[torch.Tensor] = None,
+    eps: float = 1e-6,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``quantize_fp8(norm_modulate(x, scale, shift, norm, weight, bias, eps))`` in one pass:
+    ``(codes, codes_scale)``, the FP8 input of a DiT block's q/k/v or feed-forward projection.
+    ``scale`` is the modulation's, not the quantization's (which is returned)."""
+    return dispatch(_norm_modulate_fp8, x, scale, shift, weight, bias, eps, norm)
+
+
+def gated_add_norm_modulate_fp8(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    gate: Optional[torch.Tensor],
+    scale: torch.Tensor,
+    shift: Optional[torch.Tensor] = None,
+    norm: str = "rms",
+    weight: Optional[torch.Tensor] = None,
+    bias: Optional[torch.Tensor] = None,
+    eps: float = 1e-6,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``gated_add_norm_modulate`` with its modulated output quantized per row.
+
+    Returns
+    -------
+    (h, codes, codes_scale)
+        The new residual stream (x's dtype) and the FP8 codes and row scales of ``norm(h) * (1 +
+        scale) + shift``.
+    """
+    return dispatch(_gated_add_norm_modulate_fp8, x, y, gate, scale, shift, weight, bias, eps, norm)
+
+
 # Resolved overloads skip the packet's per-call overload lookup (decode calls are host-bound).
 _rms_norm = ops.rms_norm.default
 _rms_norm_out = ops.rms_norm_out.default
@@ -250,6 +326,11 @@ _gated_add_norm_modulate = ops.gated_add_norm_modulate.default
 _gated_add = ops.gated_add.default
 _gated_add_out = ops.gated_add_out.default
 _gated_add_norm_modulate_out = ops.gated_add_norm_modulate_out.default
+_rms_norm_fp8 = ops.rms_norm_fp8.default
+_fused_add_rms_norm_fp8 = ops.fused_add_rms_norm_fp8.default
+_layer_norm_fp8 = ops.layer_norm_fp8.default
+_norm_modulate_fp8 = ops.norm_modulate_fp8.default
+_gated_add_norm_modulate_fp8 = ops.gated_add_norm_modulate_fp8.default
 
 
 # ---- fake (meta) implementations: shapes and dtypes for torch.compile ----
@@ -340,6 +421,40 @@ def _(h_out, out, x, y, gate, scale, shift, weight, bias, eps, norm):
     _check_choice("gated_add_norm_modulate", "norm", norm, NORMS)
     _check_out("gated_add_norm_modulate", "h_out", h_out, x, x.dtype)
     _check_out("gated_add_norm_modulate", "out", out, x, x.dtype)
+
+
+def _fp8_rows(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """An FP8 output's codes and row scales (quantize_fp8's layout)."""
+    return _new(x, torch.float8_e4m3fn), x.new_empty((*x.shape[:-1], 1), dtype=torch.float32)
+
+
+@register_fake("rms_norm_fp8")
+def _(x, weight, eps, rounding):
+    _check_choice("rms_norm_fp8", "rounding", rounding, ROUNDINGS)
+    return _fp8_rows(x)
+
+
+@register_fake("fused_add_rms_norm_fp8")
+def _(x, residual, weight, eps, rounding):
+    _check_choice("fused_add_rms_norm_fp8", "rounding", rounding, ROUNDINGS)
+    return (*_fp8_rows(x), _new(x, x.dtype))
+
+
+@register_fake("layer_norm_fp8")
+def _(x, weight, bias, eps):
+    return _fp8_rows(x)
+
+
+@register_fake("norm_modulate_fp8")
+def _(x, scale, shift, weight, bias, eps, norm):
+    _check_choice("norm_modulate_fp8", "norm", norm, NORMS)
+    return _fp8_rows(x)
+
+
+@register_fake("gated_add_norm_modulate_fp8")
+def _(x, y, gate, scale, shift, weight, bias, eps, norm):
+    _check_choice("gated_add_norm_modulate_fp8", "norm", norm, NORMS)
+    return (_new(x, x.dtype), *_fp8_rows(x))
 
 
 # ---- training: the backward ops (fake implementations) and the autograd of the functional forms ----

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from types import ModuleType
+from typing import Iterable
 
 import torch
 
@@ -92,16 +93,18 @@ def rules_for(tk: ModuleType, training: bool, strict: bool = False) -> tuple[Rul
 
 
 def inject(pipe_or_model, tk: ModuleType | None = None, *, strict: bool = False, training: bool | None = None,
-           **switches: bool) -> InjectionReport:
+           fp8: bool = False, fp8_exclude: Iterable[str] = (), **switches: bool) -> InjectionReport:
     """Patches every supported module of a pipeline's components (or of one model) in place.
 
     Returns what was replaced, by kind, the matching modules skipped with the reason, and which
     patched paths can fall back at run time. Switches (keywords, all on by default; ``False`` leaves
     that op kind to diffusers): {switches}. ``strict=True``: a run-time fallback raises.
     ``training`` (default: whether any of the models is in training mode): only the rules whose ops
-    have a backward (see the module docstring). Undo with ``uninject``."""
+    have a backward (see the module docstring). ``fp8=True`` (off by default; inference on GPUs with FP8 tensor cores, compute capability 8.9+):
+    the large linear layers of the blocks run as FP8 GEMMs (``fp8.py``: which layers, what stays bf16,
+    memory); ``fp8_exclude``: ``fnmatch`` patterns of module paths kept in bf16. Undo with ``uninject``."""
     return inject_models([(name, m, TABLE) for name, m in components(pipe_or_model)], tk, switches=switches,
-                         known_switches=SWITCHES, strict=strict, training=training)
+                         known_switches=SWITCHES, strict=strict, training=training, fp8=fp8, fp8_exclude=fp8_exclude)
 
 
 inject.__doc__ = inject.__doc__.format(switches=", ".join(f"``{s}``" for s in SWITCHES))

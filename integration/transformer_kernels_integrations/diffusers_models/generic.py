@@ -11,6 +11,7 @@ from typing import Callable
 
 import torch
 
+from .. import fp8
 from ..patching import Rule, forward_from, layer_forward, named
 
 
@@ -29,11 +30,14 @@ def _patch_linear_gelu(module: torch.nn.Module, inj) -> None:
     """diffusers' ``GELU(approximate="tanh")`` with its input projection: one cuBLASLt GEMM whose
     epilogue adds the bias and applies the GELU (``linear_gelu``); an input the op does not take
     (another dtype than the weight, autocast) runs the projection, then our gelu kernel (a logged
-    fallback)."""
+    fallback). Under ``inject(fp8=True)`` the projection is an FP8 GEMM with the same epilogue."""
     tk = inj.tk
 
     def forward(self, hidden_states):
         proj = self.proj
+        fp8_weight = fp8.usable_of(proj, hidden_states, inj)
+        if fp8_weight is not None:
+            return fp8.linear(tk, fp8_weight, hidden_states, proj.bias, "gelu_tanh")
         if hidden_states.dtype != proj.weight.dtype or torch.is_autocast_enabled(hidden_states.device.type):
             why = ("autocast is on" if torch.is_autocast_enabled(hidden_states.device.type)
                    else f"input {hidden_states.dtype}, weight {proj.weight.dtype}")

@@ -36,6 +36,7 @@ unmerged rules take those modules, so a strict training step does not raise.
 from __future__ import annotations
 
 from types import ModuleType
+from typing import Iterable
 
 import torch
 
@@ -74,7 +75,8 @@ def rules_for(tk: ModuleType, training: bool, strict: bool = False) -> tuple[Rul
 
 
 def inject(model: torch.nn.Module, tk: ModuleType | None = None, *, strict: bool = False,
-           training: bool | None = None, **switches: bool) -> InjectionReport:
+           training: bool | None = None, fp8: bool = False, fp8_exclude: Iterable[str] = (),
+           **switches: bool) -> InjectionReport:
     """Patches a transformers model in place; returns what was replaced, what was skipped (why),
     and which patched paths can fall back at run time.
 
@@ -82,12 +84,14 @@ def inject(model: torch.nn.Module, tk: ModuleType | None = None, *, strict: bool
     {switches}. ``strict=True`` makes a run-time fallback raise ``KernelFallbackError`` instead of
     logging it once. ``training`` (default: ``model.training``): only the rules whose ops have a
     backward, and the fused linear cross-entropy for the causal LM's loss (``training`` in the
-    report; see the module docstring). `tk`: the kernel module (default: ``load_kernel()``). Undo
-    with ``uninject``."""
+    report; see the module docstring). ``fp8=True`` (off by default; inference on GPUs with FP8 tensor cores, compute capability 8.9+):
+    the large linear layers of the blocks run as FP8 GEMMs (``fp8.py``: which layers, what stays bf16,
+    memory); ``fp8_exclude``: ``fnmatch`` patterns of module paths kept in bf16. `tk`: the kernel module (default:
+    ``load_kernel()``). Undo with ``uninject``."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"inject: expected a transformers model (torch.nn.Module), got {type(model).__name__}")
     return inject_models([("", model, TABLE)], tk, switches=switches, known_switches=SWITCHES, strict=strict,
-                         training=training)
+                         training=training, fp8=fp8, fp8_exclude=fp8_exclude)
 
 
 inject.__doc__ = inject.__doc__.format(switches=", ".join(f"``{s}``" for s in SWITCHES))

@@ -28,7 +28,7 @@ from typing import Callable
 
 import torch
 
-from .. import merging
+from .. import fp8, merging
 from ..patching import Rule, suffixed
 from . import on_kernel_device
 from .attention import QKV, attention_skip, patch_attention
@@ -58,15 +58,27 @@ def _patch_decoder_layer(module: torch.nn.Module, inj) -> None:
 
 
 def _patch_mlp(module: torch.nn.Module, inj) -> None:
-    tk, original = inj.tk, type(module).forward
+    original = type(module).forward
 
     def forward(self, x):
         if not on_kernel_device(x):
             inj.fallback("mlp", f"tensors on {x.device.type}")
             return original(self, x)
-        return self.down_proj(tk.act_mul(self.gate_proj(x), self.up_proj(x), "silu"))
+        return _down_projection(inj, self, self.gate_proj(x), self.up_proj(x))
 
     inj.set_forward(module, forward)
+
+
+def _down_projection(inj, mlp: torch.nn.Module, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``down_proj(act_fn(gate) * up)``; where the down projection runs in FP8 (``inject(fp8=True)``),
+    the gated unit is quantized in the pass that computes it (``act_mul_fp8``) and never written in
+    16 bits."""
+    tk = inj.tk
+    down = fp8.usable_of(mlp.down_proj, gate)  # where None, down_proj's own forward says why
+    if down is None:
+        return mlp.down_proj(tk.act_mul(gate, up, "silu"))
+    codes, scale = tk.act_mul_fp8(gate, up, "silu")
+    return fp8.quantized_linear(tk, down, codes, scale, mlp.down_proj.bias, gate.dtype)
 
 
 def _patch_rms_norm(module: torch.nn.Module, inj) -> None:
@@ -92,8 +104,11 @@ def _patch_merged_mlp(module: torch.nn.Module, inj) -> None:
             inj.fallback(kind, f"tensors on {x.device.type}")
             return original(self, x)
         if merged.use(x):  # else it reported why (gradients wanted)
-            return self.down_proj(tk.silu_and_mul(merged(x)))
-        return self.down_proj(tk.act_mul(self.gate_proj(x), self.up_proj(x), "silu"))
+            gate_up = merged(x)
+            if fp8.usable_of(self.down_proj, gate_up) is None:
+                return self.down_proj(tk.silu_and_mul(gate_up))
+            return _down_projection(inj, self, *gate_up.split_with_sizes(merged.sizes, dim=-1))
+        return _down_projection(inj, self, self.gate_proj(x), self.up_proj(x))
 
     inj.set_forward(module, forward)
 

@@ -1,0 +1,196 @@
+"""inject(model, fp8=True): which linear layers run in FP8 (the report), the wiring on the CPU with the
+eager stand-ins (the package's Python code over reference ops: the FP8 linear is the float64-exact
+GEMM of the dequantized operands, rounded once), uninject giving back the bf16 model bit for bit, a
+weight updated in place quantized again, the fallbacks, and the refusals. On the GPU the real kernels
+run (tests/gemm, tests/norm, tests/quant, and the end-to-end benchmarks for the quality)."""
+
+import copy
+import logging
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import FULL_CHECKOUT
+from eager_kernel import eager_kernel
+from integration_helpers import CountingKernels, assert_restored, snapshot
+
+if not FULL_CHECKOUT:
+    pytest.skip("reference/ is not in this source set", allow_module_level=True)
+
+from reference.fp8 import quantize_fp8_rowwise  # noqa: E402
+
+transformers = pytest.importorskip("transformers")
+from test_integration_transformers import small_model  # noqa: E402
+from transformer_kernels_integrations import KernelFallbackError, diffusers_models, fp8, inject  # noqa: E402
+from transformer_kernels_integrations import transformers_models, uninject  # noqa: E402
+
+LLAMA_FP8 = [f"model.layers.{i}.{p}" for i in range(2) for p in (
+    "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+    "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")]
+
+
+@pytest.fixture
+def cpu_fp8(monkeypatch):
+    """The stand-ins take CPU tensors; the small models' 64-wide layers count as large."""
+    monkeypatch.setattr(fp8, "KERNEL_DEVICES", ("cpu",))
+    monkeypatch.setattr(fp8, "FP8_MIN_FEATURES", 16)
+    monkeypatch.setattr(transformers_models, "KERNEL_DEVICES", ("cpu",))
+    monkeypatch.setattr(diffusers_models, "KERNEL_DEVICES", ("cuda", "cpu"))
+
+
+def reference_fp8_forward(self, x):
+    """An FP8 nn.Linear as torchao's row-wise recipe defines it: x and the weight quantized per row,
+    the product of the dequantized operands in fp32, plus the bias, rounded once."""
+    xq, xs = quantize_fp8_rowwise(x)
+    wq, ws = quantize_fp8_rowwise(self.weight)
+    out = F.linear(xq.float() * xs, wq.float() * ws, None if self.bias is None else self.bias.float())
+    return out.to(x.dtype)
+
+
+def with_reference_fp8(model, paths):
+    """A copy of the uninjected model whose `paths` linear layers run reference_fp8_forward."""
+    ref = copy.deepcopy(model)
+    modules = dict(ref.named_modules())
+    for path in paths:
+        modules[path].forward = types.MethodType(reference_fp8_forward, modules[path])
+    return ref
+
+
+def llama(dtype=torch.bfloat16):
+    return small_model("llama", dtype)
+
+
+IDS = torch.randint(0, 101, (2, 9), generator=torch.Generator().manual_seed(3))
+
+
+@pytest.mark.parametrize("merge", [True, False], ids=["merged", "unmerged"])
+def test_llama_layers_run_the_fp8_gemm(cpu_fp8, merge):
+    """Every projection of the decoder layers runs the FP8 GEMM (the merged q/k/v and gate/up as one
+    each); the down projection takes act_mul_fp8's codes; the logits are the reference FP8 model's
+    exactly; the embeddings and lm_head stay bf16."""
+    model = llama()
+    ref = with_reference_fp8(model, LLAMA_FP8)
+    kernels = CountingKernels(eager_kernel())
+    report = inject(model, kernels, fp8=True, merge_projections=merge)
+    assert report.fp8_layers == LLAMA_FP8, report.fp8_layers
+    assert report.replaced["fp8_linear"] == len(LLAMA_FP8)
+    modules = dict(model.named_modules())
+    assert report.fp8_weight_bytes == sum(modules[p].out_features * (modules[p].in_features + 4) for p in LLAMA_FP8)
+    assert "fp8: 14 linear layers in FP8" in str(report) and report.ops["fp8_linear"] == fp8.OPS
+    kernels.calls.clear()
+    with torch.no_grad():
+        ours, want = model(IDS).logits, ref(IDS).logits
+    gemms = 4 if merge else 7  # per layer: q/k/v (1 or 3), o, gate/up (1 or 2), down
+    assert kernels.calls.get("linear_fp8") == 2 * gemms, kernels.calls
+    assert kernels.calls.get("act_mul_fp8") == 2, kernels.calls  # the down projections' inputs
+    differ = (ours != want).sum().item()
+    assert differ == 0, f"{differ} of {ours.numel()} logits differ from the reference FP8 model"
+    with torch.no_grad():
+        bf16 = llama()(IDS).logits
+    assert not torch.equal(ours, bf16)  # FP8 ran: its rounding shows
+    assert (ours.float() - bf16.float()).norm() / bf16.float().norm() < 0.1
+
+
+def test_uninject_gives_back_the_bf16_model_bit_for_bit(cpu_fp8):
+    model = llama()
+    before = snapshot(model)
+    with torch.no_grad():
+        expected = model(IDS).logits
+    inject(model, eager_kernel(), fp8=True)
+    with torch.no_grad():
+        model(IDS)
+    uninject(model)
+    assert_restored(model, before)
+    assert all("_tk_fp8" not in vars(m) for m in model.modules())
+    with torch.no_grad():
+        assert torch.equal(model(IDS).logits, expected)
+
+
+def test_excluded_layers_and_merges_stay_bf16(cpu_fp8):
+    """fp8_exclude patterns keep layers in bf16; a merge with one projection excluded keeps all of
+    its projections in bf16 (one GEMM)."""
+    model = llama()
+    report = inject(model, eager_kernel(), fp8=True, fp8_exclude=["*.mlp.*"])
+    assert report.fp8_layers == [p for p in LLAMA_FP8 if ".mlp." not in p]
+    uninject(model)
+    report = inject(model, eager_kernel(), fp8=True, fp8_exclude=["*.q_proj"])
+    assert report.fp8_layers == [p for p in LLAMA_FP8 if ".self_attn." not in p or p.endswith("o_proj")]
+
+
+def test_a_weight_updated_in_place_is_quantized_again(cpu_fp8):
+    model = llama()
+    ref = with_reference_fp8(model, LLAMA_FP8)
+    inject(model, eager_kernel(), fp8=True)
+    with torch.no_grad():
+        model(IDS)
+        for m in (model, ref):  # one child of the merged q/k/v, and a plain projection
+            m.model.layers[0].self_attn.k_proj.weight.mul_(-0.5)
+            m.model.layers[1].mlp.down_proj.weight.add_(0.01)
+        assert torch.equal(model(IDS).logits, ref(IDS).logits)
+
+
+def test_where_fp8_cannot_run_the_bf16_layer_runs_and_says_so(cpu_fp8, caplog):
+    """Gradients wanted: the bf16 projections (the logits are the bf16 model's), a logged fallback
+    counted in the report; strict=True raises."""
+    model = llama()
+    expected = llama()(IDS).logits
+    report = inject(model, eager_kernel(), fp8=True, training=False)
+    with caplog.at_level(logging.WARNING, logger="transformer_kernels_integrations"):
+        logits = model(IDS).logits  # grad mode, parameters that require grad
+    assert torch.equal(logits, expected)
+    assert report.fallbacks_taken.get("fp8_linear", 0) >= len(LLAMA_FP8), report.fallbacks_taken
+    assert any("fp8_linear runs the bf16 projection: gradients are wanted" in r.getMessage() for r in caplog.records)
+    uninject(model)
+    inject(model, eager_kernel(), fp8=True, training=False, strict=True)
+    with pytest.raises(KernelFallbackError):
+        model(IDS)
+
+
+def test_bad_arguments_and_gpus_without_fp8_are_refused(cpu_fp8, monkeypatch):
+    model = llama()
+    tk = eager_kernel()
+    with pytest.raises(ValueError, match="fp8=True is for inference"):
+        inject(model, tk, fp8=True, training=True)
+    with pytest.raises(ValueError, match="fp8_exclude is given but fp8 is off"):
+        inject(model, tk, fp8_exclude=["*.mlp.*"])
+    with pytest.raises(TypeError, match="fp8 takes True or False"):
+        inject(model, tk, fp8="yes")
+    with pytest.raises(TypeError, match="fp8_exclude takes a sequence"):
+        inject(model, tk, fp8=True, fp8_exclude="*.mlp.*")
+    no_fp8 = types.SimpleNamespace(**{k: getattr(tk, k) for k in dir(tk) if k not in fp8.OPS and not k.startswith("_")})
+    with pytest.raises(ValueError, match="fp8=True needs the kernel's quantize_fp8"):
+        inject(model, no_fp8, fp8=True)
+    assert not hasattr(model, "_transformer_kernels_undo")  # nothing was patched by a refused call
+    # an A100 (8.0): refused, naming the GPU and its capability
+    on_gpu = types.SimpleNamespace(parameters=lambda: iter([types.SimpleNamespace(device=torch.device("cuda", 0))]))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-80GB")
+    with pytest.raises(ValueError, match=r"compute capability 8\.9 or later.*A100-SXM4-80GB is 8\.0"):
+        fp8.check_device([on_gpu])
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    fp8.check_device([on_gpu])
+
+
+def test_diffusers_blocks_run_fp8_and_keep_the_modulation_in_bf16(cpu_fp8):
+    """LTX-Video: the attention projections (merged q/k/v, the cross-attention's q and merged k/v, the
+    outputs) and both FFN projections (the first with the GELU in the FP8 GEMM's epilogue) in FP8;
+    the timestep/caption MLPs and the patchify projections outside the blocks stay bf16."""
+    from test_integration_diffusers import ltx_inputs, small_ltx
+
+    model = small_ltx(torch.bfloat16)
+    with torch.no_grad():
+        bf16 = model(**ltx_inputs(torch.bfloat16))[0]
+    kernels = CountingKernels(eager_kernel())
+    report = inject(model, kernels, fp8=True)
+    per_block = ["attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0", "attn2.to_q", "attn2.to_k",
+                 "attn2.to_v", "attn2.to_out.0", "ff.net.0.proj", "ff.net.2"]
+    assert report.fp8_layers == [f"transformer_blocks.{i}.{p}" for i in range(2) for p in per_block], report.fp8_layers
+    kernels.calls.clear()
+    with torch.no_grad():
+        ours = model(**ltx_inputs(torch.bfloat16))[0]
+    # per block: q/k/v merged, out; cross q, k/v merged, out; the FFN's two
+    assert kernels.calls.get("linear_fp8") == 2 * 7, kernels.calls
+    assert not torch.equal(ours, bf16)
+    assert (ours.float() - bf16.float()).norm() / bf16.float().norm() < 0.1
