@@ -13,8 +13,10 @@ How they run: the weight is quantized once at inject time (``quantize_fp8``: one
 channel, the weight's rows), and again when its values change (an in-place update bumps the
 tensor's version; a new tensor has another data pointer): checked at each eager call, trusted under
 ``torch.compile``. Each call quantizes its input per row (``quantize_fp8``), or takes the codes a
-producer of ours emitted in the same pass (``act_mul_fp8`` for the gated MLP's ``down_proj``), and
-runs ``linear_fp8`` with the bias (and, for a tanh-GELU FFN projection, the GELU) in its epilogue.
+producer of ours emitted in the same pass (``QuantizedRows``: a decoder layer's ``rms_norm_fp8`` and
+``fused_add_rms_norm_fp8`` for the attention's and the MLP's inputs, LTX-Video's ``norm_modulate_fp8``
+and ``gated_add_norm_modulate_fp8`` for its self-attention's and FFN's, ``act_mul_fp8`` for the gated
+MLP's ``down_proj``), and runs ``linear_fp8`` with the bias (and, for a tanh-GELU FFN projection, the GELU) in its epilogue.
 Merged projections (``merge_projections``) quantize their merged weight: per-row scales make that
 the concatenation of the children's codes and scales. A merge with one projection excluded runs in
 bf16, all of its projections with it.
@@ -35,12 +37,15 @@ from types import ModuleType
 from typing import Iterable
 
 import torch
+import torch.nn.functional as F
 
 from . import merging
 
 KIND = "fp8_linear"
-# The ops the FP8 layers run (act_mul_fp8: the gated MLP's down projection takes its codes).
-OPS = ("quantize_fp8", "act_mul_fp8", "linear_fp8")
+# The ops the FP8 layers run: the GEMM, the quantization of inputs no producer of ours emits, and the
+# producers that emit them (a decoder layer's norms, the gated MLP's unit).
+OPS = ("quantize_fp8", "linear_fp8", "act_mul_fp8", "rms_norm_fp8", "fused_add_rms_norm_fp8", "norm_modulate_fp8",
+       "gated_add_norm_modulate_fp8")
 # The GPUs with FP8 tensor cores: Ada (8.9) and Hopper (9.0) onwards.
 MIN_CAPABILITY = (8, 9)
 # A projection narrower than this on either side stays bf16: its GEMM is too small for FP8 to pay for
@@ -91,6 +96,32 @@ def weight_bytes(linear: torch.nn.Linear) -> int:
     return linear.out_features * linear.in_features + 4 * linear.out_features
 
 
+class QuantizedRows:
+    """An activation's rows as a producer of ours emitted them in FP8 (``rms_norm_fp8``,
+    ``fused_add_rms_norm_fp8``, ...): codes ``[..., K]``, row scales ``[..., 1]``, and the dtype the 16-bit
+    activation has. A patched block passes it, in place of the tensor, to layers whose every GEMM on
+    that input runs in FP8 (``takes_quantized``): the FP8 linear forwards and merged GEMMs take it as
+    it is. ``shape``, ``dtype`` and ``device`` are the activation's, for the code around them."""
+
+    __slots__ = ("codes", "scale", "dtype")
+    requires_grad = False
+
+    def __init__(self, codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype):
+        self.codes, self.scale, self.dtype = codes, scale, dtype
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.codes.shape
+
+    @property
+    def device(self) -> torch.device:
+        return self.codes.device
+
+    def dequantized(self) -> torch.Tensor:
+        """The activation back in its dtype (codes * scale), for a layer that cannot take the codes."""
+        return (self.codes.float() * self.scale).to(self.dtype)
+
+
 def unusable(x: torch.Tensor, weight: torch.Tensor) -> str | None:
     """Why the FP8 GEMM cannot take input x for this weight, or None."""
     if x.device.type not in KERNEL_DEVICES:
@@ -99,14 +130,17 @@ def unusable(x: torch.Tensor, weight: torch.Tensor) -> str | None:
         return "autocast is on"
     if x.dtype not in (torch.bfloat16, torch.float16) or x.dtype != weight.dtype:
         return f"input {x.dtype}, weight {weight.dtype} (FP8 layers take bf16 or fp16 with the weight's dtype)"
-    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):  # QuantizedRows: no grad
         return "gradients are wanted (FP8 layers have no backward; run under torch.no_grad() / inference_mode())"
     return None
 
 
-def linear(tk: ModuleType, fp8: Fp8Weight, x: torch.Tensor, bias: torch.Tensor | None,
+def linear(tk: ModuleType, fp8: Fp8Weight, x: torch.Tensor | QuantizedRows, bias: torch.Tensor | None,
            activation: str = "none") -> torch.Tensor:
-    """``act(x @ W.T + bias)`` in FP8: x quantized per row, then the FP8 GEMM."""
+    """``act(x @ W.T + bias)`` in FP8: x quantized per row (or as a producer quantized it), then the
+    FP8 GEMM."""
+    if isinstance(x, QuantizedRows):
+        return quantized_linear(tk, fp8, x.codes, x.scale, bias, x.dtype, activation)
     codes, scale = tk.quantize_fp8(x)
     return quantized_linear(tk, fp8, codes, scale, bias, x.dtype, activation)
 
@@ -135,6 +169,39 @@ def usable_of(module: torch.nn.Module | None, x: torch.Tensor, inj=None) -> Fp8W
     if inj is not None:
         inj.fallback(KIND, why, instead="the bf16 projection")
     return None
+
+
+def takes_quantized(consumers: Iterable, x: torch.Tensor) -> bool:
+    """Whether every GEMM that reads x (``consumers``: linear layers, or ``MergedLinear``s) runs in FP8
+    on it now, so that its producer may emit QuantizedRows instead of the 16-bit tensor."""
+    consumers = list(consumers)
+    if not consumers:
+        return False
+    for c in consumers:
+        if isinstance(c, merging.MergedLinear):
+            if c.low_precision is None or not c.usable(x) or unusable(x, c.weight) is not None:
+                return False
+        elif of(c) is None or unusable(x, c.weight) is not None:
+            return False
+    return True
+
+
+def input_gemms(module: torch.nn.Module, key: str, names: tuple[str, ...]) -> list:
+    """The GEMMs that read `module`'s input: its merge under `key` (merge_projections) where it has
+    one, else its `names` projections."""
+    merged = merging.merged_of(module, key)
+    if merged is not None:
+        return [merged]
+    linears = [getattr(module, n, None) for n in names]
+    return linears if all(isinstance(lin, torch.nn.Linear) for lin in linears) else []
+
+
+def feed_forward_input_gemms(ff: torch.nn.Module) -> list:
+    """The GEMM that reads a diffusers ``FeedForward``'s input: its first module's projection (``GELU``,
+    ``GEGLU``, ... call ``self.proj`` on the input first)."""
+    first = ff.net[0] if isinstance(getattr(ff, "net", None), torch.nn.ModuleList) and len(ff.net) else None
+    proj = getattr(first, "proj", None)
+    return [proj] if type(proj) is torch.nn.Linear else []
 
 
 def selected(path: str, module: torch.nn.Module, exclude: Iterable[str]) -> bool:
@@ -204,8 +271,8 @@ def _forward(inj, original):
 
     def forward(self, x):
         fp8 = usable_of(self, x, inj)
-        if fp8 is None:
-            return original(self, x)
+        if fp8 is None:  # (a producer checks takes_quantized before it hands us codes: never in practice)
+            return original(self, x.dequantized() if isinstance(x, QuantizedRows) else x)
         return linear(tk, fp8, x, self.bias)
 
     return forward
@@ -216,8 +283,10 @@ def _merged_gemm(tk: ModuleType, merged: merging.MergedLinear):
     x, None where not (the merge then runs its bf16 GEMM)."""
     fp8 = Fp8Weight(tk, lambda: merged.weight, lambda: (merged.weight, *merged._params))
 
-    def gemm(x: torch.Tensor) -> torch.Tensor | None:
-        return linear(tk, fp8, x, merged.bias) if unusable(x, merged.weight) is None else None
+    def gemm(x: torch.Tensor | QuantizedRows) -> torch.Tensor | None:
+        if unusable(x, merged.weight) is None:
+            return linear(tk, fp8, x, merged.bias)
+        return None if not isinstance(x, QuantizedRows) else F.linear(x.dequantized(), merged.weight, merged.bias)
 
     gemm.fp8 = fp8
     return gemm

@@ -68,8 +68,9 @@ IDS = torch.randint(0, 101, (2, 9), generator=torch.Generator().manual_seed(3))
 @pytest.mark.parametrize("merge", [True, False], ids=["merged", "unmerged"])
 def test_llama_layers_run_the_fp8_gemm(cpu_fp8, merge):
     """Every projection of the decoder layers runs the FP8 GEMM (the merged q/k/v and gate/up as one
-    each); the down projection takes act_mul_fp8's codes; the logits are the reference FP8 model's
-    exactly; the embeddings and lm_head stay bf16."""
+    each) on codes its producer emitted (the norms' for q/k/v and gate/up, act_mul_fp8's for the down
+    projection; o_proj's input quantized alone); the logits are the reference FP8 model's exactly; the
+    embeddings and lm_head stay bf16."""
     model = llama()
     ref = with_reference_fp8(model, LLAMA_FP8)
     kernels = CountingKernels(eager_kernel())
@@ -85,6 +86,9 @@ def test_llama_layers_run_the_fp8_gemm(cpu_fp8, merge):
     gemms = 4 if merge else 7  # per layer: q/k/v (1 or 3), o, gate/up (1 or 2), down
     assert kernels.calls.get("linear_fp8") == 2 * gemms, kernels.calls
     assert kernels.calls.get("act_mul_fp8") == 2, kernels.calls  # the down projections' inputs
+    # the attention's and the MLP's inputs from the norms, quantized there; only o_proj's input alone
+    assert kernels.calls.get("rms_norm_fp8") == 2 and kernels.calls.get("fused_add_rms_norm_fp8") == 2, kernels.calls
+    assert kernels.calls.get("quantize_fp8") == 2 and "fused_add_rms_norm" not in kernels.calls, kernels.calls
     differ = (ours != want).sum().item()
     assert differ == 0, f"{differ} of {ours.numel()} logits differ from the reference FP8 model"
     with torch.no_grad():
@@ -192,5 +196,25 @@ def test_diffusers_blocks_run_fp8_and_keep_the_modulation_in_bf16(cpu_fp8):
         ours = model(**ltx_inputs(torch.bfloat16))[0]
     # per block: q/k/v merged, out; cross q, k/v merged, out; the FFN's two
     assert kernels.calls.get("linear_fp8") == 2 * 7, kernels.calls
+    # the self-attention's and the FFN's inputs quantized by the modulated norms that produce them; the
+    # rest (outputs' inputs, the cross-attention's q and k/v, the FFN's down projection) alone
+    assert kernels.calls.get("norm_modulate_fp8") == 2 and kernels.calls.get("gated_add_norm_modulate_fp8") == 2
+    assert kernels.calls.get("quantize_fp8") == 2 * 5, kernels.calls
     assert not torch.equal(ours, bf16)
     assert (ours.float() - bf16.float()).norm() / bf16.float().norm() < 0.1
+
+
+def test_ltx_output_is_the_reference_fp8_model_s(cpu_fp8):
+    """With the GELU after the projection (linear_gelu=False: the epilogue's single rounding aside),
+    the injected LTX-Video transformer's output is exactly that of diffusers' own model whose block
+    linear layers run the reference FP8 linear: the producers' codes are quantize_fp8's of the 16-bit
+    values, bit for bit."""
+    from test_integration_diffusers import ltx_inputs, small_ltx
+
+    model = small_ltx(torch.bfloat16)
+    report = inject(model, eager_kernel(), fp8=True, linear_gelu=False)
+    ref = with_reference_fp8(small_ltx(torch.bfloat16), report.fp8_layers)
+    with torch.no_grad():
+        ours, want = model(**ltx_inputs(torch.bfloat16))[0], ref(**ltx_inputs(torch.bfloat16))[0]
+    differ = (ours != want).sum().item()
+    assert differ == 0, f"{differ} of {ours.numel()} elements differ from the reference FP8 model"

@@ -11,7 +11,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from .. import merging
+from .. import fp8, merging
 from ..patching import Rule, forward_from, named
 from .common import MERGED_FALLBACK, QKV, KernelProcessor, merged_projection, processor, torch_rms_norm
 
@@ -21,7 +21,10 @@ KV = ("to_k", "to_v")
 def _ltx_block_forward(tk: ModuleType) -> Callable:
     """``LTXVideoTransformerBlock.forward`` with the modulations and residuals fused:
     norm1 + AdaLN in one kernel, the gated attention residual, the cross-attention residual fused
-    with norm2 + AdaLN, and the gated FFN residual."""
+    with norm2 + AdaLN, and the gated FFN residual. Under ``inject(fp8=True)``, a modulated norm whose
+    consumer GEMMs all run in FP8 (the self-attention's q/k/v under our processor; the FFN's input
+    projection) emits its output's codes and row scales in the same pass (``norm_modulate_fp8``,
+    ``gated_add_norm_modulate_fp8``)."""
 
     def forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb=None,
                 encoder_attention_mask=None):
@@ -31,16 +34,28 @@ def _ltx_block_forward(tk: ModuleType) -> Callable:
             batch_size, temb.size(1), num_ada_params, -1)
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = ada_values.unbind(dim=2)
 
-        norm_hidden_states = tk.norm_modulate(hidden_states, scale_msa, shift_msa, norm="rms",
-                                              weight=self.norm1.weight, eps=self.norm1.eps)
+        if isinstance(self.attn1.processor, LTXAttnProcessor) and fp8.takes_quantized(
+                fp8.input_gemms(self.attn1, "qkv", QKV), hidden_states):
+            codes, scale = tk.norm_modulate_fp8(hidden_states, scale_msa, shift_msa, norm="rms",
+                                                weight=self.norm1.weight, eps=self.norm1.eps)
+            norm_hidden_states = fp8.QuantizedRows(codes, scale, hidden_states.dtype)
+        else:
+            norm_hidden_states = tk.norm_modulate(hidden_states, scale_msa, shift_msa, norm="rms",
+                                                  weight=self.norm1.weight, eps=self.norm1.eps)
         attn_hidden_states = self.attn1(hidden_states=norm_hidden_states, encoder_hidden_states=None,
                                         image_rotary_emb=image_rotary_emb)
         hidden_states = tk.gated_add(hidden_states, attn_hidden_states, gate_msa)
         attn_hidden_states = self.attn2(hidden_states, encoder_hidden_states=encoder_hidden_states,
                                         image_rotary_emb=None, attention_mask=encoder_attention_mask)
-        hidden_states, norm_hidden_states = tk.gated_add_norm_modulate(
-            hidden_states, attn_hidden_states, None, scale_mlp, shift_mlp, norm="rms",
-            weight=self.norm2.weight, eps=self.norm2.eps)
+        if fp8.takes_quantized(fp8.feed_forward_input_gemms(self.ff), hidden_states):
+            hidden_states, codes, scale = tk.gated_add_norm_modulate_fp8(
+                hidden_states, attn_hidden_states, None, scale_mlp, shift_mlp, norm="rms",
+                weight=self.norm2.weight, eps=self.norm2.eps)
+            norm_hidden_states = fp8.QuantizedRows(codes, scale, hidden_states.dtype)
+        else:
+            hidden_states, norm_hidden_states = tk.gated_add_norm_modulate(
+                hidden_states, attn_hidden_states, None, scale_mlp, shift_mlp, norm="rms",
+                weight=self.norm2.weight, eps=self.norm2.eps)
         ff_output = self.ff(norm_hidden_states)
         return tk.gated_add(hidden_states, ff_output, gate_mlp)
 

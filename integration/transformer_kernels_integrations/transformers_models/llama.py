@@ -42,15 +42,31 @@ def _patch_decoder_layer(module: torch.nn.Module, inj) -> None:
 
     # Everything but hidden_states passes through to the attention by keyword, so the forward fits
     # every transformers version (the cache argument was renamed from past_key_values to cache).
+    # Under inject(fp8=True), a norm whose every consumer GEMM runs in FP8 emits the codes and row
+    # scales of its output in the same pass (rms_norm_fp8, fused_add_rms_norm_fp8): the attention's and
+    # the MLP's inputs are never written in 16 bits.
     def forward(self, hidden_states, **kwargs):
         if not on_kernel_device(hidden_states):
             inj.fallback("decoder_layer", f"tensors on {hidden_states.device.type}")
             return original(self, hidden_states, **kwargs)
         residual = hidden_states
-        hidden_states = self.input_layernorm(hidden_states)
+        norm = self.input_layernorm
+        if norm.weight.dtype == hidden_states.dtype and fp8.takes_quantized(
+                fp8.input_gemms(self.self_attn, "qkv", QKV), hidden_states):
+            codes, scale = tk.rms_norm_fp8(hidden_states, norm.weight, norm.variance_epsilon)
+            hidden_states = fp8.QuantizedRows(codes, scale, hidden_states.dtype)
+        else:
+            hidden_states = norm(hidden_states)
         hidden_states, _ = self.self_attn(hidden_states=hidden_states, **kwargs)
         norm = self.post_attention_layernorm
-        hidden_states, residual = tk.fused_add_rms_norm(hidden_states, residual, norm.weight, norm.variance_epsilon)
+        if norm.weight.dtype == hidden_states.dtype and fp8.takes_quantized(
+                fp8.input_gemms(self.mlp, "gate_up", GATE_UP), hidden_states):
+            codes, scale, residual = tk.fused_add_rms_norm_fp8(hidden_states, residual, norm.weight,
+                                                               norm.variance_epsilon)
+            hidden_states = fp8.QuantizedRows(codes, scale, residual.dtype)
+        else:
+            hidden_states, residual = tk.fused_add_rms_norm(hidden_states, residual, norm.weight,
+                                                            norm.variance_epsilon)
         hidden_states = self.mlp(hidden_states)
         return residual + hidden_states
 
