@@ -757,6 +757,30 @@ def linear_fp8_cases(tk, quick: bool) -> Iterator[Case]:
                    note=f"{where}; {2 * tokens * k * n / 1e12:.2f} TFLOP")
 
 
+# (rows, in_features, out_features, where): Llama-3.1-8B's decode projections (q/k/v and gate/up merged)
+DECODE_LINEAR_SHAPES = [(1, 4096, 6144, "Llama-3.1-8B q/k/v"), (1, 4096, 4096, "Llama-3.1-8B o_proj"),
+                        (1, 4096, 28672, "Llama-3.1-8B gate/up"), (1, 14336, 4096, "Llama-3.1-8B down_proj"),
+                        (8, 4096, 28672, "Llama-3.1-8B gate/up, batch 8"), (1, 4096, 1024, "Llama-3.1-8B k_proj alone")]
+
+
+def decode_linear_cases(tk, quick: bool) -> Iterator[Case]:
+    """The decode linear layer against F.linear (cuBLAS at M = rows) on the same bf16 weight, and with
+    the weight-only e4m3 weight (half the bytes) against F.linear on the bf16 one; bytes moved are the
+    weight's and x's and the output's, so % of a copy is the weight streamed at the copy rate."""
+    for rows, k, n, where in DECODE_LINEAR_SHAPES[:1] if quick else DECODE_LINEAR_SHAPES:
+        x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+        w = (torch.randn(n, k, device="cuda") / k**0.5).to(torch.bfloat16)
+        wq, ws = tk.quantize_fp8(w)
+        ws = ws.squeeze(-1)
+        moved = nbytes(w) + nbytes(x) + rows * n * 2
+        yield Case("decode_linear", f"{rows}x{k}->{n}", "bfloat16", moved,
+                   {"ours": lambda: tk.decode_linear(x, w), "F.linear": lambda: F.linear(x, w)}, note=where)
+        moved8 = wq.numel() + n * 4 + nbytes(x) + rows * n * 2
+        yield Case("decode_linear", f"{rows}x{k}->{n} fp8 weight", "float8_e4m3fn", moved8,
+                   {"ours": lambda: tk.decode_linear(x, wq, None, ws), "F.linear bf16": lambda: F.linear(x, w)},
+                   note=f"{where}; weight-only FP8")
+
+
 def eager_quantize_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Row-wise dynamic FP8 as torchao's recipe computes it in eager PyTorch (its compile is what
     torchao + torch.compile runs before each FP8 GEMM)."""
@@ -782,7 +806,7 @@ OPS = {"rms_norm": rms_norm_cases, "activation": activation_cases, "fused_add_rm
        "qk_norm_rope_backward": qk_norm_rope_backward_cases,
        "activation_rope_backward": activation_rope_backward_cases, "group_norm": group_norm_cases,
        "group_norm_vae": group_norm_vae_cases, "quantize_fp8": quantize_fp8_cases,
-       "linear_fp8": linear_fp8_cases, "untuned": untuned_cases}
+       "linear_fp8": linear_fp8_cases, "decode_linear": decode_linear_cases, "untuned": untuned_cases}
 
 
 

@@ -114,6 +114,7 @@ IMPLS = {
     "quantize_fp8": lambda x: tuple(t.contiguous() for t in quantize_fp8_rowwise(x)),
     "act_mul_fp8": lambda g, u, act: tuple(t.contiguous() for t in quantize_fp8_rowwise(eager_act_mul(g, u, act))),
     "linear_fp8": lambda x, xs, w, ws, b, dtype, act: _linear_fp8(x, xs, w, ws, b, dtype, act),
+    "decode_linear": lambda x, w, ws, b: _decode_linear(x, w, ws, b),
     # the norms' FP8 outputs: the op's output in x's dtype, then quantize_fp8
     "rms_norm_fp8": lambda x, w, eps, r: _fp8(RMS_NORM_EAGER[r](x, w, eps).to(x.dtype)),
     "fused_add_rms_norm_fp8": lambda x, res, w, eps, r: (*_fp8(RMS_NORM_EAGER[r](x + res, w, eps).to(x.dtype)),
@@ -123,6 +124,12 @@ IMPLS = {
     "gated_add_norm_modulate_fp8": lambda x, y, g, sc, sh, w, b, eps, n: _gated_fp8(
         *ltx_gated_add_norm_modulate(x, y, g, sc, sh, n, w, b, eps)),
 }
+
+
+def _decode_linear(x, weight, weight_scale, bias):
+    """The decode linear layer in fp32 (its accumulator) on the dequantized weight, rounded once."""
+    w = weight.float() if weight_scale is None else weight.float() * weight_scale.reshape(-1, 1)
+    return F.linear(x.float(), w, None if bias is None else bias.float()).to(x.dtype)
 
 
 def _fp8(values):

@@ -535,6 +535,18 @@ def _rope_entries():
 LINEAR_OUT_FEATURES = 96
 
 
+# decode_linear: (rows, in_features, layout) per case; 16-byte rows and alignment are what it takes
+DECODE_SHAPES = {
+    "small": (1, 64, "contiguous"),
+    "aligned": (4, 1024, "contiguous"),
+    "wide": (8, 4096, "contiguous"),
+    "strided": (3, 512, "strided"),
+    "empty": (0, 64, "contiguous"),
+    "empty_width": (2, 0, "contiguous"),
+}
+DECODE_OUT_FEATURES = 77
+
+
 def _gemm_entries():
     def linear(bias: bool, out: bool):
         def build(m, case):
@@ -563,7 +575,26 @@ def _gemm_entries():
                     b, out_dtype, activation), ()
         return build
 
+    def decode(weight_fp8: bool, bias: bool):
+        """decode_linear: a decode step's rows (at most 8) of the case's width; an odd number of output
+        channels; the e4m3 weight as quantize_fp8's codes of each output channel."""
+        from reference.fp8 import quantize_fp8_rowwise
+
+        def build(m, case):
+            rows, k, lay = DECODE_SHAPES[case]
+            x = m.tensor((rows, 1, k), lay, scale=1.0, offset=0.0)
+            w = m.values((DECODE_OUT_FEATURES, k), scale=0.05, offset=0.0)
+            b = m.tensor((DECODE_OUT_FEATURES,), scale=0.5, offset=0.0) if bias else None
+            if not weight_fp8:
+                return (x, m.place(w), None, b), ()
+            codes, scale = quantize_fp8_rowwise(w)
+            return (x, m.place(codes, dtype=torch.float8_e4m3fn), m.place(scale.squeeze(-1), dtype=torch.float32),
+                    b), ()
+        return build
+
     return {
+        "decode_linear": ("decode_linear", decode(False, True)),
+        "decode_linear[fp8_weight,no_bias]": ("decode_linear", decode(True, False)),
         "linear_fp8": ("linear_fp8", fp8(True, "gelu_tanh")),
         "linear_fp8[no_bias]": ("linear_fp8", fp8(False, "none")),
         "linear_gelu": ("linear_gelu", linear(True, False)),
@@ -685,7 +716,8 @@ COVERED_OPS = sorted({op for _, op, _ in ENTRIES.values()} | set(QUERY_OPS))
 # Entries that take fewer cases than their family: the FP8 GEMM wants rows of a multiple of 16 bytes,
 # 16-byte aligned (no odd, unaligned, padded-stride or split widths), and with a bias rows of at least one
 # element (in_features 0 with a bias is refused).
-ENTRY_CASES = {"linear_fp8": ("small", "aligned", "wide", "empty"),
+ENTRY_CASES = {"decode_linear": tuple(DECODE_SHAPES), "decode_linear[fp8_weight,no_bias]": tuple(DECODE_SHAPES),
+               "linear_fp8": ("small", "aligned", "wide", "empty"),
                "linear_fp8[no_bias]": ("small", "aligned", "wide", "empty", "empty_width")}
 
 

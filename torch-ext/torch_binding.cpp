@@ -150,6 +150,9 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   // weight float8_e4m3fn with per-row and per-output-channel float32 scales (quantize_fp8's), act "none" | "gelu_tanh".
   ops.def("linear_fp8(Tensor x, Tensor x_scale, Tensor weight, Tensor weight_scale, Tensor? bias, ScalarType out_dtype, "
           "str activation) -> Tensor");
+  // The linear layer of decode steps (at most 8 rows): x @ (weight * weight_scale)^T + bias, the weight in x's
+  // dtype or float8_e4m3fn with a float32 scale per output channel (weight-only FP8), streamed once.
+  ops.def("decode_linear(Tensor x, Tensor weight, Tensor? weight_scale, Tensor? bias) -> Tensor");
 
   // GroupNorm of x [N, C, *spatial] (channels-first or channels-last, kept), as F.group_norm computes it
   // on CUDA, with activation "none" | "silu" applied to the rounded result; add_group_norm normalizes
@@ -208,6 +211,7 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
     ops.impl("linear_gelu_out", key, &tk::linear_gelu_out);
     ops.impl("linear_gelu_fused", key, &tk::linear_gelu_fused);
     ops.impl("linear_fp8", key, &tk::linear_fp8);
+    ops.impl("decode_linear", key, &tk::decode_linear);
     ops.impl("group_norm", key, &tk::group_norm);
     ops.impl("group_norm_out", key, &tk::group_norm_out);
     ops.impl("add_group_norm", key, &tk::add_group_norm);

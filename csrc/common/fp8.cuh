@@ -2,6 +2,7 @@
 // from its amax, and a value's code (reference/fp8.py is their float64 model). Torch-free.
 #pragma once
 
+#include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
 #include <cstdint>
@@ -26,6 +27,11 @@ TK_DEVICE float fp8_row_scale(float amax) {
 // saturating (NaN stays NaN).
 TK_DEVICE uint8_t fp8_code(float x, float scale) {
   return static_cast<uint8_t>(__nv_cvt_float_to_fp8(__fdiv_rn(x, scale), __NV_SATFINITE, __NV_E4M3));
+}
+
+// The value of an e4m3 code (exact in half precision, then in fp32).
+TK_DEVICE float fp8_value(uint8_t code) {
+  return __half2float(__half(__nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(code), __NV_E4M3)));
 }
 
 }  // namespace transformer_kernels

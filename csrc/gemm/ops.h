@@ -1,4 +1,4 @@
-// The torch entry points of the gemm family (csrc/gemm/: linear + GELU, the FP8 linear): the C++ signatures of its op
+// The torch entry points of the gemm family (csrc/gemm/: linear + GELU, the FP8 linear, the decode linear): the C++ signatures of its op
 // schemas, registered in torch-ext/torch_binding.cpp. The family's .cu files include this header,
 // so a definition that drifts from its declaration fails to compile.
 #pragma once
@@ -25,5 +25,11 @@ bool linear_gelu_fused(const at::Tensor& x, const at::Tensor& weight, const std:
 at::Tensor linear_fp8(const at::Tensor& x, const at::Tensor& x_scale, const at::Tensor& weight,
                       const at::Tensor& weight_scale, const std::optional<at::Tensor>& bias, c10::ScalarType out_dtype,
                       std::string_view activation);
+
+// x [..., K] with at most 8 rows (a decode step's tokens), weight [N, K] in x's dtype or float8_e4m3fn
+// (weight_scale [N] float32: weight-only FP8), bias [N] -> x @ (weight * weight_scale)^T + bias [..., N]
+// in x's dtype, streaming the weight once (csrc/gemm/decode_linear.cuh).
+at::Tensor decode_linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& weight_scale,
+                         const std::optional<at::Tensor>& bias);
 
 }  // namespace transformer_kernels

@@ -239,6 +239,16 @@ def _cases():
     c["fused_add_rms_norm_fp8"] = (lambda: {"x": _rand(4, 1, 4096), "r": _rand(4, 1, 4096), "w": _rand(4096)},
                                    rms_fp8)
 
+    # a batch-1 decode step's q/k/v projection of Llama-3.1-8B (4096 -> 6144), bf16 and weight-only FP8
+    def decode_inputs():
+        from reference.fp8 import quantize_fp8_rowwise
+        w = _rand(6144, 4096, scale=0.02)
+        codes, scale = quantize_fp8_rowwise(w)
+        return {"x": _rand(1, 1, 4096), "w": w, "w8": codes, "ws": scale.squeeze(-1)}
+
+    c["decode_linear"] = (decode_inputs, lambda tk, t: (tk.ops.decode_linear.default(t["x"], t["w"], None, None),
+                                                       tk.ops.decode_linear.default(t["x"], t["w8"], t["ws"], None)))
+
     def codes_and_scale(pair):
         return pair[0].float(), pair[1]
 

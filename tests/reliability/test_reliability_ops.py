@@ -86,7 +86,7 @@ def check_empty(tk, name, device):
     """No tokens (and rows of no elements) give empty outputs, and the gradients of parameters (and a
     summed loss) are sums over nothing: zeros of the parameter's shape. Rows of no elements
     (in_features / hidden 0) make a linear's output gelu_tanh(bias) (0 without one), as F.linear +
-    F.gelu give, a cross-entropy's logits 0: log(vocabulary) per token not ignored, and an FP8
+    F.gelu give (the decode linear's: its bias), a cross-entropy's logits 0: log(vocabulary) per token not ignored, and an FP8
     quantization's scales the floor's (1e-12 / 448)."""
     cases = [c for c in ("empty", "empty_width") if c in oc.cases_of(name)]
     family = oc.ENTRIES[name][0]
@@ -98,6 +98,11 @@ def check_empty(tk, name, device):
             assert outs, what
             if call.op == "linear_fp8" and case == "empty_width":  # no bias: sums of nothing
                 assert len(outs) == 1 and bool((outs[0].float() == 0).all()), what
+                continue
+            if call.op == "decode_linear" and case == "empty_width":  # sums of nothing, plus the bias
+                bias = call.args[3]
+                want = torch.zeros_like(outs[0]) if bias is None else bias.expand_as(outs[0])
+                assert len(outs) == 1 and torch.equal(outs[0], want), what
                 continue
             if family == "gemm" and case == "empty_width":
                 x, w, b = call.args[-3:]

@@ -25,7 +25,7 @@ from .activation import (
     silu_and_mul,
 )
 from .group_norm import add_group_norm, group_norm
-from .gemm import linear_fp8, linear_gelu, linear_gelu_fused
+from .gemm import decode_linear, linear_fp8, linear_gelu, linear_gelu_fused
 from .loss import fused_linear_cross_entropy
 from .norm import (
     fused_add_rms_norm,
@@ -63,6 +63,7 @@ __all__ = [
     "add_group_norm",
     "apply_rotary_pos_emb",
     "apply_rotary_pos_emb_",
+    "decode_linear",
     "flux_rope",
     "fused_add_rms_norm",
     "fused_add_rms_norm_",

@@ -89,10 +89,36 @@ def linear_fp8(x: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor, wei
     return dispatch(_linear_fp8, x, x_scale, weight, weight_scale, bias, out_dtype, activation)
 
 
+def decode_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
+                  weight_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The linear layer of a decode step: ``x @ (weight * weight_scale).T + bias`` for at most 8 rows
+    (tokens), streaming the weight once (a GEMM tiled for large M reads it below the memory's rate).
+    Accumulates in fp32 and rounds once to x's dtype; no gradient.
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        ``[..., in_features]``, at most 8 rows, float32/float16/bfloat16; rows one stride apart, 16-byte
+        aligned.
+    weight : torch.Tensor
+        ``[out_features, in_features]`` contiguous, x's dtype, or ``torch.float8_e4m3fn`` codes
+        (weight-only FP8: ``quantize_fp8(linear.weight)``) with their ``weight_scale``.
+    bias : torch.Tensor, optional
+        ``[out_features]`` in x's dtype.
+    weight_scale : torch.Tensor, optional
+        ``[out_features]`` (or ``[out_features, 1]``) float32, for an e4m3 weight only.
+
+    in_features must be a multiple of 16 bytes' elements (8 for 16-bit x, 4 for float32, 16 with an
+    e4m3 weight).
+    """
+    return dispatch(_decode_linear, x, weight, weight_scale, bias)
+
+
 _linear_gelu = ops.linear_gelu.default
 _linear_gelu_out = ops.linear_gelu_out.default
 _linear_gelu_fused = ops.linear_gelu_fused.default
 _linear_fp8 = ops.linear_fp8.default
+_decode_linear = ops.decode_linear.default
 
 
 # ---- fake (meta) implementations ----
@@ -126,6 +152,11 @@ def _(out, x, weight, bias):
 def _(x, x_scale, weight, weight_scale, bias, out_dtype, activation):
     torch._check(x.dim() >= 1, lambda: "linear_fp8: x must have at least one dimension")
     return x.new_empty((*x.shape[:-1], weight.shape[0]), dtype=out_dtype)
+
+
+@register_fake("decode_linear")
+def _(x, weight, weight_scale, bias):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
 @register_fake("linear_gelu_fused")
