@@ -782,3 +782,36 @@ def test_kernelize_with_our_kernel_mapping_on_gpu(monkeypatch, tk):
     calls = {e.key: e.count for e in prof.key_averages()}
     assert calls.get(tk.add_op_namespace_prefix("rms_norm")) == len(norms), calls
     assert ((out - expected).norm() / expected.norm()).item() < 1e-2
+
+
+GEMMA = {
+    "gemma2": ("Gemma2ForCausalLM", "Gemma2Config"),
+    "gemma3": ("Gemma3ForCausalLM", "Gemma3TextConfig"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GEMMA))
+def test_attentions_this_forward_does_not_reproduce_are_left_alone(name, monkeypatch):
+    """Gemma 2's soft-capped attention logits and Gemma 3's per-head q/k norms are not in the merged
+    attention forward: its rule skips them (a patched forward dropped them: Gemma 3's logits were off by
+    0.28), the RoPE swap still applies, and the logits are eager's exactly on the CPU stand-ins."""
+    model_cls, config_cls = GEMMA[name]
+    if not hasattr(transformers, config_cls):
+        pytest.skip(f"transformers {transformers.__version__} has no {config_cls}")
+    monkeypatch.setattr(transformers_models, "KERNEL_DEVICES", ("cpu",))
+    torch.manual_seed(0)
+    config = getattr(transformers, config_cls)(hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                                               num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                               vocab_size=101)
+    model = getattr(transformers, model_cls)(config).to(torch.bfloat16).eval()
+    randomize_norm_weights(model)
+    ids = torch.randint(0, 101, (2, 9))
+    with torch.no_grad():
+        expected = model(ids).logits
+    from eager_kernel import eager_kernel
+
+    report = inject(model, eager_kernel())
+    assert "merged_qkv_rope" not in report.replaced and report.replaced.get("rope") == 2, report
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, expected)
+    uninject(model)

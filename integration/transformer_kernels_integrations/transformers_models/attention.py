@@ -141,6 +141,8 @@ def attention_skip(m) -> str | None:
     missing = [a for a in needed if not hasattr(m, a)]
     if missing:
         return f"not a transformers Llama-family attention (no {', '.join(missing)})"
+    if getattr(m, "attn_logit_softcapping", None) is not None:
+        return "its attention logits are soft-capped (Gemma 2): this forward does not cap them"
     if _cache_arg(type(m).forward) is None:
         return f"its forward takes none of the cache arguments this rule knows ({', '.join(_CACHE_ARGS)})"
     modeling = sys.modules.get(type(m).__module__)

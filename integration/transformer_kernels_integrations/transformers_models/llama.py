@@ -154,6 +154,8 @@ def _merged_attention_skip(m) -> str | None:
         return "Qwen3's attention (its own rule)"
     if not all(hasattr(m, a) for a in QKV):
         return "no q_proj/k_proj/v_proj"
+    if hasattr(m, "q_norm") or hasattr(m, "k_norm"):  # this forward would drop them
+        return "per-head q/k norms of another model than Qwen3 (Gemma 3, OLMo 2, ...): not in this forward"
     return attention_skip(m) or merging.mergeable(m, QKV)
 
 
