@@ -790,11 +790,14 @@ GEMMA = {
 }
 
 
+@pytest.mark.parametrize("merge", [True, False], ids=["merged", "unmerged"])
 @pytest.mark.parametrize("name", sorted(GEMMA))
-def test_attentions_this_forward_does_not_reproduce_are_left_alone(name, monkeypatch):
-    """Gemma 2's soft-capped attention logits and Gemma 3's per-head q/k norms are not in the merged
-    attention forward: its rule skips them (a patched forward dropped them: Gemma 3's logits were off by
-    0.28), the RoPE swap still applies, and the logits are eager's exactly on the CPU stand-ins."""
+def test_gemma_runs_our_norms_and_gated_mlp_and_keeps_its_attention(name, merge, monkeypatch):
+    """Gemma 2 and 3: every RMSNorm (the (1 + weight) form, Gemma 3's per-head q/k norms too) through
+    rms_norm with the fp32 offset weight, the GELU-tanh gated MLP through our gated unit (merged or
+    not), the RoPE swap; the attention keeps transformers' forward (Gemma 2's soft-capped logits and
+    Gemma 3's q/k norms are not in the merged attention forward, which dropped them: Gemma 3's logits
+    were off by 0.28); the logits are eager's exactly on the CPU stand-ins."""
     model_cls, config_cls = GEMMA[name]
     if not hasattr(transformers, config_cls):
         pytest.skip(f"transformers {transformers.__version__} has no {config_cls}")
@@ -810,8 +813,39 @@ def test_attentions_this_forward_does_not_reproduce_are_left_alone(name, monkeyp
         expected = model(ids).logits
     from eager_kernel import eager_kernel
 
-    report = inject(model, eager_kernel())
-    assert "merged_qkv_rope" not in report.replaced and report.replaced.get("rope") == 2, report
+    kernels = CountingKernels(eager_kernel())
+    report = inject(model, kernels, merge_projections=merge)
+    norms = 4 * 2 + 1 + (4 if name == "gemma3" else 0)  # four per layer, the final one, Gemma 3's q/k norms
+    assert report.replaced == {"rope": 2, "gemma_rms_norm": norms,
+                               ("merged_gate_up_mlp" if merge else "mlp"): 2}, report
     with torch.no_grad():
         assert torch.equal(model(ids).logits, expected)
+    assert kernels.calls.get("rms_norm") == norms and kernels.calls.get(
+        "gelu_tanh_and_mul" if merge else "act_mul") == 2, kernels.calls
+    uninject(model)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(GEMMA))
+def test_gemma_on_the_gpu_matches_eager(tk, name):
+    """The real kernels in a tiny Gemma 2 / 3 (bf16, CUDA): the logits within bf16 rounding of eager's
+    (relative L2 below 1 %), and each patched kind ran."""
+    model_cls, config_cls = GEMMA[name]
+    if not hasattr(transformers, config_cls):
+        pytest.skip(f"transformers {transformers.__version__} has no {config_cls}")
+    torch.manual_seed(0)
+    config = getattr(transformers, config_cls)(hidden_size=256, intermediate_size=640, num_hidden_layers=2,
+                                               num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                                               vocab_size=1001)
+    model = getattr(transformers, model_cls)(config).to("cuda", torch.bfloat16).eval()
+    randomize_norm_weights(model)
+    ids = torch.randint(0, 1001, (2, 33), device="cuda")
+    with torch.no_grad():
+        expected = model(ids).logits.float()
+        kernels = CountingKernels(tk)
+        report = inject(model, kernels)
+        got = model(ids).logits.float()
+    assert report.replaced.get("gemma_rms_norm") and report.replaced.get("merged_gate_up_mlp") == 2, report
+    assert (got - expected).norm() / expected.norm() < 1e-2
+    assert kernels.calls.get("rms_norm") and kernels.calls.get("gelu_tanh_and_mul") == 2, kernels.calls
     uninject(model)

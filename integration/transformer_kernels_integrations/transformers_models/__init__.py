@@ -55,7 +55,7 @@ def on_kernel_device(t: torch.Tensor) -> bool:
 
 
 from ..patching import InjectionReport, Rule, RuleTable, inject_models, uninject_models  # noqa: E402
-from . import causal_lm, llama, qwen3  # noqa: E402
+from . import causal_lm, gemma, llama, qwen3  # noqa: E402
 from .hub import HUB_LAYERS, LLAMA_HUB_LAYERS, kernel_config, kernel_mapping  # noqa: E402
 from .qwen3 import QWEN3_ATTENTIONS  # noqa: E402
 
@@ -63,7 +63,7 @@ __all__ = ["HUB_LAYERS", "KERNEL_DEVICES", "LLAMA_HUB_LAYERS", "QWEN3_ATTENTIONS
            "TRAINING_RULES", "inject", "kernel_config", "kernel_mapping", "rules_for", "uninject"]
 
 RULES: tuple[Rule, ...] = (llama.DECODER_LAYER, *qwen3.RULES, *llama.ATTENTION_RULES, *llama.MLP_RULES,
-                           llama.RMS_NORM)
+                           llama.RMS_NORM, *gemma.RULES)
 TRAINING_RULES: tuple[Rule, ...] = causal_lm.TRAINING_RULES
 TABLE = RuleTable(RULES, TRAINING_RULES)
 SWITCHES = TABLE.switches

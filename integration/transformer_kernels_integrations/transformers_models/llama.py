@@ -74,26 +74,37 @@ def _patch_decoder_layer(module: torch.nn.Module, inj) -> None:
 
 
 def _patch_mlp(module: torch.nn.Module, inj) -> None:
-    original = type(module).forward
+    original, act = type(module).forward, mlp_activation(module.act_fn)
 
     def forward(self, x):
         if not on_kernel_device(x):
             inj.fallback("mlp", f"tensors on {x.device.type}")
             return original(self, x)
-        return _down_projection(inj, self, self.gate_proj(x), self.up_proj(x))
+        return _down_projection(inj, self, self.gate_proj(x), self.up_proj(x), act)
 
     inj.set_forward(module, forward)
 
 
-def _down_projection(inj, mlp: torch.nn.Module, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+def mlp_activation(act_fn) -> str | None:
+    """The name our gated-unit ops give a gated MLP's ``act_fn`` (SiLU: Llama, Mistral, Qwen; GELU-tanh:
+    Gemma), or None."""
+    if isinstance(act_fn, torch.nn.SiLU) or type(act_fn).__name__ in ("SiLUActivation", "SiLU"):
+        return "silu"
+    if type(act_fn).__name__ in ("GELUTanh", "PytorchGELUTanh") or (
+            isinstance(act_fn, torch.nn.GELU) and act_fn.approximate == "tanh"):
+        return "gelu_tanh"
+    return None
+
+
+def _down_projection(inj, mlp: torch.nn.Module, gate: torch.Tensor, up: torch.Tensor, act: str) -> torch.Tensor:
     """``down_proj(act_fn(gate) * up)``; where the down projection runs in FP8 (``inject(fp8=True)``),
     the gated unit is quantized in the pass that computes it (``act_mul_fp8``) and never written in
     16 bits."""
     tk = inj.tk
     down = fp8.usable_of(mlp.down_proj, gate)  # where None, down_proj's own forward says why
     if down is None:
-        return mlp.down_proj(tk.act_mul(gate, up, "silu"))
-    codes, scale = tk.act_mul_fp8(gate, up, "silu")
+        return mlp.down_proj(tk.act_mul(gate, up, act))
+    codes, scale = tk.act_mul_fp8(gate, up, act)
     return fp8.quantized_linear(tk, down, codes, scale, mlp.down_proj.bias, gate.dtype)
 
 
@@ -110,9 +121,12 @@ def _patch_rms_norm(module: torch.nn.Module, inj) -> None:
 
 
 def _patch_merged_mlp(module: torch.nn.Module, inj) -> None:
-    """gate_proj and up_proj as one GEMM ([..., 2I], gate first) and silu_and_mul on it: the
-    rounding of act_fn(gate) * up on the separate projections, one launch fewer."""
+    """gate_proj and up_proj as one GEMM ([..., 2I], gate first) and the gated unit on it
+    (silu_and_mul, or gelu_tanh_and_mul for Gemma): the rounding of act_fn(gate) * up on the separate
+    projections, one launch fewer."""
     tk, kind, original = inj.tk, "merged_gate_up_mlp", type(module).forward
+    act = mlp_activation(module.act_fn)
+    act_and_mul = tk.silu_and_mul if act == "silu" else tk.gelu_tanh_and_mul
     merged = inj.merge(module, "gate_up", GATE_UP, kind)
 
     def forward(self, x):
@@ -122,9 +136,9 @@ def _patch_merged_mlp(module: torch.nn.Module, inj) -> None:
         if merged.use(x):  # else it reported why (gradients wanted)
             gate_up = merged(x)
             if fp8.usable_of(self.down_proj, gate_up) is None:
-                return self.down_proj(tk.silu_and_mul(gate_up))
-            return _down_projection(inj, self, *gate_up.split_with_sizes(merged.sizes, dim=-1))
-        return _down_projection(inj, self, self.gate_proj(x), self.up_proj(x))
+                return self.down_proj(act_and_mul(gate_up))
+            return _down_projection(inj, self, *gate_up.split_with_sizes(merged.sizes, dim=-1), act)
+        return _down_projection(inj, self, self.gate_proj(x), self.up_proj(x), act)
 
     inj.set_forward(module, forward)
 
@@ -140,8 +154,7 @@ def _mlp_skip(m) -> str | None:
     if not all(hasattr(m, a) for a in ("gate_proj", "up_proj", "down_proj", "act_fn")):
         return "not a gated MLP (gate_proj, up_proj, down_proj, act_fn)"
     act = m.act_fn
-    is_silu = isinstance(act, torch.nn.SiLU) or type(act).__name__ in ("SiLUActivation", "SiLU")
-    return None if is_silu else f"activation {type(act).__name__} is not SiLU"
+    return None if mlp_activation(act) else f"activation {type(act).__name__} is neither SiLU nor GELU-tanh"
 
 
 def _patch_merged_attention(module: torch.nn.Module, inj) -> None:
