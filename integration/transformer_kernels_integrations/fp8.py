@@ -2,9 +2,9 @@
 of the transformer blocks run as e4m3 GEMMs (``linear_fp8``) with per-token activation scales and
 per-output-channel weight scales, torchao's dynamic row-wise recipe.
 
-Which layers: a plain ``nn.Linear`` inside a block (a path with ``layers.<i>``, ``blocks.<i>``,
-``transformer_blocks.<i>`` or ``single_transformer_blocks.<i>``), both widths multiples of 16 and at
-least ``FP8_MIN_FEATURES``, and none of its path's names in ``KEPT_IN_BF16`` (the AdaLN and timestep
+Which layers: a plain ``nn.Linear`` with a bf16 or fp16 weight inside a block (a path with
+``layers.<i>``, ``blocks.<i>``, ``transformer_blocks.<i>`` or ``single_transformer_blocks.<i>``), both
+widths multiples of 16 and at least ``FP8_MIN_FEATURES``, and none of its path's names in ``KEPT_IN_BF16`` (the AdaLN and timestep
 MLPs inside the blocks: ``norm1.linear``, ``time_emb``...) nor matching a pattern of
 ``fp8_exclude=`` (``fnmatch`` on the module path, e.g. ``"*.attn2.*"``). Embeddings, the first and
 last projections and ``lm_head`` are outside the blocks, so they stay bf16.
@@ -207,6 +207,8 @@ def feed_forward_input_gemms(ff: torch.nn.Module) -> list:
 def selected(path: str, module: torch.nn.Module, exclude: Iterable[str]) -> bool:
     """Whether inject(fp8=True) runs this module in FP8 (see the module docstring)."""
     if type(module) is not torch.nn.Linear or not _IN_BLOCK.search(path + "."):
+        return False
+    if module.weight.dtype not in (torch.bfloat16, torch.float16):  # FP8 layers serve 16-bit models
         return False
     if module.in_features % 16 or module.out_features % 16:
         return False

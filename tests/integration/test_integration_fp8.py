@@ -123,6 +123,18 @@ def test_excluded_layers_and_merges_stay_bf16(cpu_fp8):
     assert report.fp8_layers == [p for p in LLAMA_FP8 if ".self_attn." not in p or p.endswith("o_proj")]
 
 
+def test_an_fp32_model_keeps_its_layers(cpu_fp8):
+    """FP8 layers serve 16-bit models: an fp32 model's linear layers are not quantized (they would only
+    ever fall back), and its output is the fp32 model's."""
+    model = llama(torch.float32)
+    with torch.no_grad():
+        expected = model(IDS).logits
+    report = inject(model, eager_kernel(), fp8=True)
+    assert report.fp8_layers == [] and "fp8_linear" not in report.replaced, report
+    with torch.no_grad():
+        assert torch.equal(model(IDS).logits, expected)
+
+
 def test_a_weight_updated_in_place_is_quantized_again(cpu_fp8):
     model = llama()
     ref = with_reference_fp8(model, LLAMA_FP8)
