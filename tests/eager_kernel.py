@@ -111,8 +111,8 @@ IMPLS = {
                                                                       bias_nc=bnc),
     "ltx_qk_norm_rope_from_coords": lambda q, k, qw, kw, eps, grid, freqs: diffusers_qk_norm_rope(
         q, k, qw, kw, eps, *_tables(grid, freqs, q.shape[-1])),
-    "quantize_fp8": lambda x: tuple(t.contiguous() for t in quantize_fp8_rowwise(x)),
-    "act_mul_fp8": lambda g, u, act: tuple(t.contiguous() for t in quantize_fp8_rowwise(eager_act_mul(g, u, act))),
+    "quantize_fp8": lambda x: _fp8(x),
+    "act_mul_fp8": lambda g, u, act: _fp8(eager_act_mul(g, u, act)),
     "linear_fp8": lambda x, xs, w, ws, b, dtype, act: _linear_fp8(x, xs, w, ws, b, dtype, act),
     "decode_linear": lambda x, w, ws, b: _decode_linear(x, w, ws, b),
     # the norms' FP8 outputs: the op's output in x's dtype, then quantize_fp8

@@ -10,6 +10,7 @@
 #include <c10/core/TensorOptions.h>
 
 #include <optional>
+#include <vector>
 
 namespace transformer_kernels {
 
@@ -19,6 +20,19 @@ inline at::Tensor empty_tensor(at::IntArrayRef size, at::TensorOptions options) 
       c10::fromIntArrayRefSlow(size), c10::optTypeMetaToScalarType(options.dtype_opt()), options.layout_opt(),
       options.device_opt(), options.pinned_memory_opt(),
       c10::impl::check_tensor_options_and_extract_memory_format(options, std::nullopt));
+}
+
+// The shape of one scale per row of x ([..., 1]: x's shape with a last dimension of 1), as the FP8
+// codes of x's rows carry them (quantize_fp8, the norms' FP8 outputs, linear_fp8's x_scale).
+inline std::vector<int64_t> row_scale_sizes(const at::Tensor& x) {
+  std::vector<int64_t> sizes(x.sizes().begin(), x.sizes().end());
+  sizes.back() = 1;
+  return sizes;
+}
+
+// Uninitialized float32 row scales of x's rows, on x's device: one per row, rows of no elements too.
+inline at::Tensor empty_row_scales(const at::Tensor& x) {
+  return empty_tensor(row_scale_sizes(x), x.options().dtype(c10::ScalarType::Float));
 }
 
 }  // namespace transformer_kernels

@@ -47,8 +47,7 @@ void check_inputs(const at::Tensor& x, const at::Tensor& x_scale, const at::Tens
   check_last_dim_contiguous(kOp, x, "x");
   check_same_device(kOp, x_scale, "x_scale", x, "x");
   check_dtype(kOp, x_scale, "x_scale", at::kFloat, "float32");
-  std::vector<int64_t> scale_sizes(x.sizes().begin(), x.sizes().end());
-  scale_sizes.back() = 1;
+  const std::vector<int64_t> scale_sizes = row_scale_sizes(x);
   TORCH_CHECK_VALUE(x_scale.sizes() == at::IntArrayRef(scale_sizes) && x_scale.is_contiguous(), kOp,
                     ": x_scale must be a contiguous [..., 1] tensor of x's rows, shape ", at::IntArrayRef(scale_sizes),
                     ", got shape ", x_scale.sizes(), " and strides ", x_scale.strides());

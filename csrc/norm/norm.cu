@@ -6,7 +6,6 @@
 #include <optional>
 #include <string_view>
 #include <tuple>
-#include <vector>
 
 #include "common/alloc.h"
 #include "common/checks.h"
@@ -113,10 +112,8 @@ void check_instantiated_dtypes(const NormCall& c) {
   const bool fp32_weight = (weight && weight->scalar_type() == at::kFloat) || (bias && bias->scalar_type() == at::kFloat);
   const bool fp32_out_ok = c.type == NormType::kRms && c.scale == nullptr && fp32_weight;
   if (c.out_scale) {
-    int64_t rows = 1;  // one scale per row, rows of no elements too
-    for (int64_t d = 0; d + 1 < c.x->dim(); ++d) rows *= c.x->size(d);
     TORCH_CHECK(out_dtype == at::kFloat8_e4m3fn && c.out_scale->scalar_type() == at::kFloat &&
-                    c.out_scale->is_contiguous() && c.out_scale->numel() == rows,
+                    c.out_scale->is_contiguous() && c.out_scale->sizes() == at::IntArrayRef(row_scale_sizes(*c.x)),
                 c.op, ": an FP8 output is float8_e4m3fn codes with a contiguous float32 scale per row");
   } else {
     TORCH_CHECK(out_dtype == x_dtype || (out_dtype == at::kFloat && fp32_out_ok), c.op,
@@ -401,9 +398,7 @@ using Fp8Rows = std::tuple<at::Tensor, at::Tensor>;
 
 // The codes [..., H] and row scales [..., 1] of x's rows.
 Fp8Rows empty_fp8_rows(const at::Tensor& x) {
-  std::vector<int64_t> scale_sizes(x.sizes().begin(), x.sizes().end());
-  scale_sizes.back() = 1;
-  return {empty_like_rows(x, at::kFloat8_e4m3fn), empty_tensor(scale_sizes, x.options().dtype(at::kFloat))};
+  return {empty_like_rows(x, at::kFloat8_e4m3fn), empty_row_scales(x)};
 }
 
 // c (its `out` the codes of `rows`) with the row scales of `rows`, launched.

@@ -5,7 +5,6 @@
 
 #include <string_view>
 #include <tuple>
-#include <vector>
 
 #include "activation/activation_binding.h"
 #include "common/alloc.h"
@@ -25,10 +24,8 @@ std::tuple<at::Tensor, at::Tensor> quantize_rows(const char* op, const at::Tenso
   TORCH_CHECK_VALUE(x.dim() >= 1, op, ": ", x_name, " must have at least one dimension (its rows' elements), got a scalar");
   check_row_input(op, x, x_name);
   if (up != nullptr) check_same_as_x(op, *up, "up", x, x_name);
-  std::vector<int64_t> scale_sizes(x.sizes().begin(), x.sizes().end());
-  scale_sizes.back() = 1;
   at::Tensor codes = empty_tensor(x.sizes(), x.options().dtype(at::kFloat8_e4m3fn));
-  at::Tensor scale = empty_tensor(scale_sizes, x.options().dtype(at::kFloat));
+  at::Tensor scale = empty_row_scales(x);
   if (validation_only(x)) return {codes, scale};
   const at::cuda::OptionalCUDAGuard device_guard(x.device());
   // Every row gets a scale, rows of no elements too (the floor's): one per element of `scale`.

@@ -254,6 +254,7 @@ def apply(model: torch.nn.Module, prefix: str, inj, exclude: Iterable[str]) -> N
             else:  # one excluded: the merge runs in bf16, and with it all its projections
                 for c in children:
                     chosen.pop(c, None)
+    inj.fp8 = bool(chosen)
     for key, (path, module) in chosen.items():
         module.__dict__[_STATE] = Fp8Weight(tk, lambda m=module: m.weight, lazy=key in merged_children)
         inj.undo.append(lambda m=module: m.__dict__.pop(_STATE, None))

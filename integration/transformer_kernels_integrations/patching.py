@@ -249,6 +249,9 @@ class Injection:
         self._logged: set[tuple[str, str]] = set()
         self.undo: list[Callable[[], None]] = []
         self.rule: Rule | None = None  # the rule being applied (apply_rules sets it before its patch)
+        # set by fp8.apply where a layer of the model runs in FP8: patched forwards that can emit FP8
+        # inputs look for FP8 consumers only then (one attribute read per call otherwise)
+        self.fp8 = False
 
     def ours(self, op: str) -> bool:
         """Whether a patched forward runs our op `op` (the C++ op's name): always in inference; in

@@ -37,6 +37,7 @@ import torch
 from ._autograd import dispatch, grad_or_zeros, grad_rows, refuse_grad
 from ._fake import register_fake
 from ._ops import add_op_namespace_prefix, ops
+from .quant import fp8_rows_like
 
 ROUNDINGS = ("hf", "diffusers", "torch")
 NORMS = ("rms", "layer")
@@ -423,38 +424,33 @@ def _(h_out, out, x, y, gate, scale, shift, weight, bias, eps, norm):
     _check_out("gated_add_norm_modulate", "out", out, x, x.dtype)
 
 
-def _fp8_rows(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """An FP8 output's codes and row scales (quantize_fp8's layout)."""
-    return _new(x, torch.float8_e4m3fn), x.new_empty((*x.shape[:-1], 1), dtype=torch.float32)
-
-
 @register_fake("rms_norm_fp8")
 def _(x, weight, eps, rounding):
     _check_choice("rms_norm_fp8", "rounding", rounding, ROUNDINGS)
-    return _fp8_rows(x)
+    return fp8_rows_like(x)
 
 
 @register_fake("fused_add_rms_norm_fp8")
 def _(x, residual, weight, eps, rounding):
     _check_choice("fused_add_rms_norm_fp8", "rounding", rounding, ROUNDINGS)
-    return (*_fp8_rows(x), _new(x, x.dtype))
+    return (*fp8_rows_like(x), _new(x, x.dtype))
 
 
 @register_fake("layer_norm_fp8")
 def _(x, weight, bias, eps):
-    return _fp8_rows(x)
+    return fp8_rows_like(x)
 
 
 @register_fake("norm_modulate_fp8")
 def _(x, scale, shift, weight, bias, eps, norm):
     _check_choice("norm_modulate_fp8", "norm", norm, NORMS)
-    return _fp8_rows(x)
+    return fp8_rows_like(x)
 
 
 @register_fake("gated_add_norm_modulate_fp8")
 def _(x, y, gate, scale, shift, weight, bias, eps, norm):
     _check_choice("gated_add_norm_modulate_fp8", "norm", norm, NORMS)
-    return (_new(x, x.dtype), *_fp8_rows(x))
+    return (_new(x, x.dtype), *fp8_rows_like(x))
 
 
 # ---- training: the backward ops (fake implementations) and the autograd of the functional forms ----

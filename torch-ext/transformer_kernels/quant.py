@@ -48,15 +48,18 @@ _quantize_fp8 = ops.quantize_fp8.default
 _act_mul_fp8 = ops.act_mul_fp8.default
 
 
+def fp8_rows_like(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Empty codes and row scales of x's rows, as the quantizing ops return them (their fakes)."""
+    return x.new_empty(x.shape, dtype=torch.float8_e4m3fn), x.new_empty((*x.shape[:-1], 1), dtype=torch.float32)
+
+
 @register_fake("quantize_fp8")
 def _(x):
     torch._check(x.dim() >= 1, lambda: "quantize_fp8: x must have at least one dimension")
-    return (torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device),
-            torch.empty((*x.shape[:-1], 1), dtype=torch.float32, device=x.device))
+    return fp8_rows_like(x)
 
 
 @register_fake("act_mul_fp8")
 def _(gate, up, act):
     torch._check(gate.dim() >= 1, lambda: "act_mul_fp8: gate must have at least one dimension")
-    return (torch.empty(gate.shape, dtype=torch.float8_e4m3fn, device=gate.device),
-            torch.empty((*gate.shape[:-1], 1), dtype=torch.float32, device=gate.device))
+    return fp8_rows_like(gate)

@@ -12,19 +12,20 @@ from typing import Callable, NamedTuple
 import torch
 
 from .. import fp8, merging
-from ..patching import Rule, forward_from, named
+from ..patching import Rule, named
 from .common import MERGED_FALLBACK, QKV, KernelProcessor, merged_projection, processor, torch_rms_norm
 
 KV = ("to_k", "to_v")
 
 
-def _ltx_block_forward(tk: ModuleType) -> Callable:
+def _ltx_block_forward(tk: ModuleType, fp8_on: Callable[[], bool] = lambda: False) -> Callable:
     """``LTXVideoTransformerBlock.forward`` with the modulations and residuals fused:
     norm1 + AdaLN in one kernel, the gated attention residual, the cross-attention residual fused
     with norm2 + AdaLN, and the gated FFN residual. Under ``inject(fp8=True)``, a modulated norm whose
     consumer GEMMs all run in FP8 (the self-attention's q/k/v under our processor; the FFN's input
     projection) emits its output's codes and row scales in the same pass (``norm_modulate_fp8``,
-    ``gated_add_norm_modulate_fp8``)."""
+    ``gated_add_norm_modulate_fp8``); ``fp8_on()`` says whether any layer of the model does (else
+    nothing is looked up)."""
 
     def forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb=None,
                 encoder_attention_mask=None):
@@ -34,7 +35,8 @@ def _ltx_block_forward(tk: ModuleType) -> Callable:
             batch_size, temb.size(1), num_ada_params, -1)
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = ada_values.unbind(dim=2)
 
-        if isinstance(self.attn1.processor, LTXAttnProcessor) and fp8.takes_quantized(
+        fp8_layers = fp8_on()
+        if fp8_layers and isinstance(self.attn1.processor, LTXAttnProcessor) and fp8.takes_quantized(
                 fp8.input_gemms(self.attn1, "qkv", QKV), hidden_states):
             codes, scale = tk.norm_modulate_fp8(hidden_states, scale_msa, shift_msa, norm="rms",
                                                 weight=self.norm1.weight, eps=self.norm1.eps)
@@ -47,7 +49,7 @@ def _ltx_block_forward(tk: ModuleType) -> Callable:
         hidden_states = tk.gated_add(hidden_states, attn_hidden_states, gate_msa)
         attn_hidden_states = self.attn2(hidden_states, encoder_hidden_states=encoder_hidden_states,
                                         image_rotary_emb=None, attention_mask=encoder_attention_mask)
-        if fp8.takes_quantized(fp8.feed_forward_input_gemms(self.ff), hidden_states):
+        if fp8_layers and fp8.takes_quantized(fp8.feed_forward_input_gemms(self.ff), hidden_states):
             hidden_states, codes, scale = tk.gated_add_norm_modulate_fp8(
                 hidden_states, attn_hidden_states, None, scale_mlp, shift_mlp, norm="rms",
                 weight=self.norm2.weight, eps=self.norm2.eps)
@@ -229,7 +231,7 @@ RULES: tuple[Rule, ...] = (
          _merge_ltx_block, skip=_ltx_merged_projections_skip, fallback=MERGED_FALLBACK, also=True, ops=(),
          merges=("qkv", "kv")),
     Rule("ltx_block", ("rms_norm", "norm_modulate"), named("LTXVideoTransformerBlock"),
-         forward_from(_ltx_block_forward), claims=("norm1", "norm2"),
+         lambda m, inj: inj.set_forward(m, _ltx_block_forward(inj.tk, lambda: inj.fp8)), claims=("norm1", "norm2"),
          ops=("norm_modulate", "gated_add", "gated_add_norm_modulate")),
     # self-attention fused from the coordinates; the cross-attention's norms
     Rule("ltx_attention", ("rms_norm", "rope", "qk_norm_rope"), named("LTXAttention"),

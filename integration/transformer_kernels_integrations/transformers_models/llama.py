@@ -51,7 +51,7 @@ def _patch_decoder_layer(module: torch.nn.Module, inj) -> None:
             return original(self, hidden_states, **kwargs)
         residual = hidden_states
         norm = self.input_layernorm
-        if norm.weight.dtype == hidden_states.dtype and fp8.takes_quantized(
+        if inj.fp8 and norm.weight.dtype == hidden_states.dtype and fp8.takes_quantized(
                 fp8.input_gemms(self.self_attn, "qkv", QKV), hidden_states):
             codes, scale = tk.rms_norm_fp8(hidden_states, norm.weight, norm.variance_epsilon)
             hidden_states = fp8.QuantizedRows(codes, scale, hidden_states.dtype)
@@ -59,7 +59,7 @@ def _patch_decoder_layer(module: torch.nn.Module, inj) -> None:
             hidden_states = norm(hidden_states)
         hidden_states, _ = self.self_attn(hidden_states=hidden_states, **kwargs)
         norm = self.post_attention_layernorm
-        if norm.weight.dtype == hidden_states.dtype and fp8.takes_quantized(
+        if inj.fp8 and norm.weight.dtype == hidden_states.dtype and fp8.takes_quantized(
                 fp8.input_gemms(self.mlp, "gate_up", GATE_UP), hidden_states):
             codes, scale, residual = tk.fused_add_rms_norm_fp8(hidden_states, residual, norm.weight,
                                                                norm.variance_epsilon)
