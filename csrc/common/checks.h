@@ -37,11 +37,19 @@ inline void check_cuda(const char* op, const at::Tensor& t, const char* name) {
                     t.device());
 }
 
-inline void check_same_device(const char* op, const at::Tensor& t, const char* name, const at::Tensor& ref,
-                              const char* ref_name) {
-  check_cuda(op, t, name);
+// Every tensor argument of an op is checked against its reference (x) with this one message; the fakes
+// give it too, for what their meta stand-ins cannot show (_fake.py check_devices).
+inline void check_device_matches(const char* op, const at::Tensor& t, const char* name, const at::Tensor& ref,
+                                 const char* ref_name) {
   TORCH_CHECK_VALUE(t.device() == ref.device(), op, ": ", name, " must be on the same device as ", ref_name,
                     " (", ref.device(), "), got ", t.device());
+}
+
+// The same, for the ops that run on CUDA only.
+inline void check_same_device(const char* op, const at::Tensor& t, const char* name, const at::Tensor& ref,
+                              const char* ref_name) {
+  check_device_matches(op, t, name, ref, ref_name);
+  check_cuda(op, t, name);
 }
 
 inline bool is_float_dtype(c10::ScalarType dtype) {
@@ -160,16 +168,19 @@ inline RowIndexer row_indexer(const char* op, const at::Tensor& t, const char* n
 }
 
 // A tensor of x's dtype that broadcasts to x's shape with a full, contiguous last dimension
-// ([hidden], [B, 1, hidden], [B, S, hidden], or strided views of a larger tensor).
-inline void check_broadcasts_to(const char* op, const at::Tensor& t, const char* name, const at::Tensor& x) {
-  check_same_device(op, t, name, x, "x");
-  check_dtype(op, t, name, x.scalar_type(), "the dtype of x");
+// ([hidden], [B, 1, hidden], [B, S, hidden], or strided views of a larger tensor). `x_name`: what
+// the op calls x.
+inline void check_broadcasts_to(const char* op, const at::Tensor& t, const char* name, const at::Tensor& x,
+                                const char* x_name = "x") {
+  check_same_device(op, t, name, x, x_name);
+  if (t.scalar_type() != x.scalar_type())  // the reason is built only for the message
+    check_dtype(op, t, name, x.scalar_type(), ("the dtype of " + std::string(x_name)).c_str());
   TORCH_CHECK_VALUE(t.dim() >= 1 && t.dim() <= x.dim() && t.size(-1) == x.size(-1), op, ": ", name,
-                    " must broadcast to x's shape ", x.sizes(), " with its last dimension equal to x.shape[-1], got ",
-                    t.sizes());
+                    " must broadcast to ", x_name, "'s shape ", x.sizes(), " with its last dimension equal to ",
+                    x_name, ".shape[-1], got ", t.sizes());
   for (int64_t d = 1; d <= t.dim(); ++d)
     TORCH_CHECK_VALUE(t.size(-d) == 1 || t.size(-d) == x.size(-d), op, ": ", name, " of shape ", t.sizes(),
-                      " does not broadcast to x's shape ", x.sizes());
+                      " does not broadcast to ", x_name, "'s shape ", x.sizes());
   check_last_dim_contiguous(op, t, name);
 }
 
@@ -205,8 +216,17 @@ inline RowIndexer broadcast_row_indexer(const char* op, const at::Tensor& t, con
   return row_indexer(op, t.dim() == x.dim() && t.sizes() == x.sizes() ? t : t.expand(x.sizes()), name);
 }
 
+// The rows a row kernel works on: none where the rows have no elements.
 inline int64_t num_rows(const at::Tensor& t) {
   return t.size(-1) == 0 ? 0 : t.numel() / t.size(-1);
+}
+
+// The rows of t seen as a matrix [rows, t.size(-1)], rows of no elements included: where each row
+// has an output however short it is (a linear layer's, the bias, for in_features 0).
+inline int64_t matrix_rows(const at::Tensor& t) {
+  int64_t rows = 1;
+  for (int64_t d = 0; d + 1 < t.dim(); ++d) rows *= t.size(d);
+  return rows;
 }
 
 // One thread block per row at most: the grid's x dimension bounds the row count.
@@ -236,15 +256,16 @@ inline void check_row_input(const char* op, const at::Tensor& t, const char* nam
 
 // A norm's per-feature parameter (forward and backward): [hidden], contiguous, x's dtype or
 // float32 (norm weights are often kept in fp32, e.g. under diffusers' layerwise casting).
-inline void check_norm_param(const char* op, const std::optional<at::Tensor>& t, const char* name, const at::Tensor& x) {
+inline void check_norm_param(const char* op, const std::optional<at::Tensor>& t, const char* name, const at::Tensor& x,
+                             const char* x_name = "x") {
   if (!t) return;
-  check_same_device(op, *t, name, x, "x");
-  TORCH_CHECK_VALUE(t->dim() == 1 && t->size(0) == x.size(-1), op, ": ", name, " must be 1-D with x.shape[-1] = ",
-                    x.size(-1), " elements, got shape ", t->sizes());
+  check_same_device(op, *t, name, x, x_name);
+  TORCH_CHECK_VALUE(t->dim() == 1 && t->size(0) == x.size(-1), op, ": ", name, " must be 1-D with ", x_name,
+                    ".shape[-1] = ", x.size(-1), " elements, got shape ", t->sizes());
   TORCH_CHECK_VALUE(t->size(0) <= 1 || t->stride(0) == 1, op, ": ", name, " must be contiguous, got stride ",
                     t->stride(0));
   TORCH_CHECK_TYPE(t->scalar_type() == x.scalar_type() || t->scalar_type() == at::kFloat, op, ": ", name,
-                   " must have the dtype of x (", x.scalar_type(), ") or float32, got ", t->scalar_type());
+                   " must have the dtype of ", x_name, " (", x.scalar_type(), ") or float32, got ", t->scalar_type());
 }
 
 // The archs the unit was compiled for (nvcc's __CUDA_ARCH_LIST__, e.g. 750,800,860,900,1000,1200: every

@@ -54,22 +54,19 @@ Options check_args(const char* op, const at::Tensor& hidden, const at::Tensor& w
                    ": hidden must be float32, float16 or bfloat16 (float64 on CPU), got ", hidden.scalar_type());
   TORCH_CHECK_VALUE(hidden.dim() == 2, op, ": hidden must be 2-D [N, H] (flatten the tokens first), got shape ",
                     hidden.sizes());
-  TORCH_CHECK_VALUE(weight.device() == hidden.device(), op, ": weight must be on hidden's device (", hidden.device(),
-                    "), got ", weight.device());
+  check_device_matches(op, weight, "weight", hidden, "hidden");  // CUDA, or the CPU reference path
   check_dtype(op, weight, "weight", hidden.scalar_type(), "the dtype of hidden: the GEMMs take one dtype");
   TORCH_CHECK_VALUE(weight.dim() == 2 && weight.size(1) == hidden.size(1) && weight.size(0) >= 1, op,
                     ": weight must be [V, H] (lm_head.weight) with hidden's H = ", hidden.size(1),
                     " and V >= 1, got ", weight.sizes());
   TORCH_CHECK_VALUE(weight.size(0) <= std::numeric_limits<int32_t>::max(), op,
                     ": vocabularies above 2^31 - 1 are not supported, got ", weight.size(0));
-  TORCH_CHECK_VALUE(target.device() == hidden.device(), op, ": target must be on hidden's device (", hidden.device(),
-                    "), got ", target.device());
+  check_device_matches(op, target, "target", hidden, "hidden");  // CUDA, or the CPU reference path
   check_dtype(op, target, "target", at::kLong, "class indices");
   TORCH_CHECK_VALUE(target.dim() == 1 && target.size(0) == hidden.size(0), op,
                     ": target must be [N] with hidden's N = ", hidden.size(0), ", got ", target.sizes());
   if (bias.has_value()) {
-    TORCH_CHECK_VALUE(bias->device() == hidden.device(), op, ": bias must be on hidden's device (", hidden.device(),
-                      "), got ", bias->device());
+    check_device_matches(op, *bias, "bias", hidden, "hidden");
     check_dtype(op, *bias, "bias", hidden.scalar_type(), "the dtype of hidden");
     TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == weight.size(0), op, ": bias must be [V] with V = ",
                       weight.size(0), ", got ", bias->sizes());
@@ -266,8 +263,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_linear_cross_entropy_backwa
     std::optional<double> softcap, std::array<bool, 3> compute_grads, int64_t chunk_rows) {
   const Options o = check_args(kBackwardOp, hidden, weight, target, bias, ignore_index, reduction, label_smoothing,
                                softcap, chunk_rows);
-  TORCH_CHECK_VALUE(grad_loss.device() == hidden.device(), kBackwardOp, ": grad_loss must be on hidden's device (",
-                    hidden.device(), "), got ", grad_loss.device());
+  check_device_matches(kBackwardOp, grad_loss, "grad_loss", hidden, "hidden");
+  TORCH_CHECK_TYPE(at::isFloatingType(grad_loss.scalar_type()), kBackwardOp,
+                   ": grad_loss must be a floating-point tensor (the loss's gradient; read as float32), got ",
+                   grad_loss.scalar_type());
   const bool per_row = o.reduction == Reduction::kNone;
   TORCH_CHECK_VALUE(per_row ? (grad_loss.dim() == 1 && grad_loss.size(0) == hidden.size(0)) : grad_loss.numel() == 1,
                     kBackwardOp, ": grad_loss must be ", per_row ? "[N] (reduction \"none\")" : "a scalar",

@@ -33,13 +33,14 @@ at::Tensor grad_for(bool asked, const at::Tensor* like, const at::Tensor& x) {
                                   : not_asked(x);
 }
 
-// An incoming gradient: x's device and shape, contiguous last dimension, one of `dtypes`.
+// An incoming gradient: x's device and shape, contiguous last dimension, one of `dtypes`. `x_name`:
+// what the op calls x.
 void check_grad(const char* op, const at::Tensor& g, const char* name, const at::Tensor& x, c10::ScalarType dtype,
-                c10::ScalarType alt_dtype) {
-  check_same_device(op, g, name, x, "x");
+                c10::ScalarType alt_dtype, const char* x_name = "x") {
+  check_same_device(op, g, name, x, x_name);
   TORCH_CHECK_TYPE(g.scalar_type() == dtype || g.scalar_type() == alt_dtype, op, ": ", name,
                    " must have the dtype of the forward's output (", dtype, "), got ", g.scalar_type());
-  check_same_shape(op, g, name, x, "x");
+  check_same_shape(op, g, name, x, x_name);
   check_last_dim_contiguous(op, g, name);
 }
 
@@ -224,15 +225,16 @@ bool anything_asked(const NormBackwardCall& c) {
   return any;
 }
 
+// x_name: what the op calls x (the fused add's backward takes its residual_out).
 std::tuple<at::Tensor, at::Tensor> rms_backward(const char* op, const at::Tensor& grad_out, const OptTensor& grad_h,
                                                 const at::Tensor& x, const OptTensor& weight, double eps,
-                                                std::array<bool, 2> mask) {
-  check_row_input(op, x, "x");
-  check_norm_param(op, weight, "weight", x);
+                                                std::array<bool, 2> mask, const char* x_name = "x") {
+  check_row_input(op, x, x_name);
+  check_norm_param(op, weight, "weight", x, x_name);
   check_eps(op, eps);
   // hf / diffusers with an fp32 weight output fp32; torch's rounding outputs x's dtype
-  check_grad(op, grad_out, "grad_out", x, x.scalar_type(), weight ? weight->scalar_type() : x.scalar_type());
-  if (grad_h) check_grad(op, *grad_h, "grad_residual_out", x, x.scalar_type(), x.scalar_type());
+  check_grad(op, grad_out, "grad_out", x, x.scalar_type(), weight ? weight->scalar_type() : x.scalar_type(), x_name);
+  if (grad_h) check_grad(op, *grad_h, "grad_residual_out", x, x.scalar_type(), x.scalar_type(), x_name);
   at::Tensor dx = mask[0] ? empty_tensor(x.sizes(), x.options()) : not_asked(x);
   at::Tensor dw = grad_for(mask[1], ptr(weight), x);
   NormBackwardCall c{op, NormType::kRms, &grad_out, ptr(grad_h), &x, ptr(weight)};
@@ -243,14 +245,15 @@ std::tuple<at::Tensor, at::Tensor> rms_backward(const char* op, const at::Tensor
   return {dx, dw};
 }
 
-// The modulated norms' checks: x, the norm, its parameters, scale/shift broadcast to x.
-NormType check_modulated(const char* op, const at::Tensor& x, const at::Tensor& scale,
-                                 const OptTensor& shift, const OptTensor& weight, const OptTensor& bias, double eps,
-                                 std::string_view norm) {
-  check_row_input(op, x, "x");
+// The modulated norms' checks: x, the norm, its parameters, scale/shift broadcast to x. x_name: what
+// the op calls x (the gated form's backward takes its h).
+NormType check_modulated(const char* op, const at::Tensor& x, const at::Tensor& scale, const OptTensor& shift,
+                         const OptTensor& weight, const OptTensor& bias, double eps, std::string_view norm,
+                         const char* x_name = "x") {
+  check_row_input(op, x, x_name);
   const NormType type = resolve_norm_type(op, norm);
-  check_norm_param(op, weight, "weight", x);
-  check_norm_param(op, bias, "bias", x);
+  check_norm_param(op, weight, "weight", x, x_name);
+  check_norm_param(op, bias, "bias", x, x_name);
   if (weight && bias)
     TORCH_CHECK_TYPE(weight->scalar_type() == bias->scalar_type(), op, ": weight and bias must have one dtype, got ",
                      weight->scalar_type(), " and ", bias->scalar_type());
@@ -258,8 +261,8 @@ NormType check_modulated(const char* op, const at::Tensor& x, const at::Tensor& 
   if (type == NormType::kRms && weight)
     TORCH_CHECK_TYPE(weight->scalar_type() == x.scalar_type(), op,
                      ": with norm=\"rms\" the weight must have x's dtype, got ", weight->scalar_type());
-  check_broadcasts_to(op, scale, "scale", x);
-  if (shift) check_broadcasts_to(op, *shift, "shift", x);
+  check_broadcasts_to(op, scale, "scale", x, x_name);
+  if (shift) check_broadcasts_to(op, *shift, "shift", x, x_name);
   check_eps(op, eps);
   return type;
 }
@@ -277,7 +280,7 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_backward(const at::Tensor&
                                                                const at::Tensor& residual_out, const OptTensor& weight,
                                                                double eps, std::array<bool, 2> output_mask) {
   return rms_backward("fused_add_rms_norm_backward", grad_out, grad_residual_out, residual_out, weight, eps,
-                      output_mask);
+                      output_mask, "residual_out");
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward(const at::Tensor& grad_out, const at::Tensor& x,
@@ -333,11 +336,11 @@ gated_add_norm_modulate_backward(const OptTensor& grad_h, const at::Tensor& grad
                                  const OptTensor& shift, const OptTensor& weight, const OptTensor& bias, double eps,
                                  std::string_view norm, std::array<bool, 7> output_mask) {
   constexpr const char* op = "gated_add_norm_modulate_backward";
-  const NormType type = check_modulated(op, h, scale, shift, weight, bias, eps, norm);
-  check_grad(op, grad_out, "grad_out", h, h.scalar_type(), h.scalar_type());
-  if (grad_h) check_grad(op, *grad_h, "grad_h", h, h.scalar_type(), h.scalar_type());
+  const NormType type = check_modulated(op, h, scale, shift, weight, bias, eps, norm, "h");
+  check_grad(op, grad_out, "grad_out", h, h.scalar_type(), h.scalar_type(), "h");
+  if (grad_h) check_grad(op, *grad_h, "grad_h", h, h.scalar_type(), h.scalar_type(), "h");
   check_same_as_x(op, y, "y", h, "h");
-  if (gate) check_broadcasts_to(op, *gate, "gate", h);
+  if (gate) check_broadcasts_to(op, *gate, "gate", h, "h");
   // Without a gate, y's gradient is x's: the Python side returns dx for both.
   const bool want_dx = output_mask[0] || (output_mask[1] && !gate);
   at::Tensor dx = want_dx ? empty_tensor(h.sizes(), h.options()) : not_asked(h);

@@ -33,24 +33,25 @@ RopeStyle resolve_style(std::string_view style) {
   TORCH_CHECK_VALUE(false, kOp, ": style must be \"neox\" or \"interleaved\", got \"", style, "\"");
 }
 
-// q, k: [B, S, H, d]; cos, sin: [B or 1, S, R], R even and <= d.
+// q, k: [B, S, H, d]; cos, sin: [B or 1, S, R], R even and <= d. `op` and `n`: the op's names (the
+// backward's for its gradients).
 void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
-                  bool fp32_math) {
-  check_qk(kOp, q, k);
-  check_tables(kOp, cos, sin, q);
+                  bool fp32_math, const char* op = kOp, QkNames n = {}) {
+  check_qk(op, q, k, n);
+  check_tables(op, cos, sin, q, n.q);
   const at::ScalarType table_dtype = cos.scalar_type();
   for (const auto& [t, name] : {std::pair{&cos, "cos"}, std::pair{&sin, "sin"}}) {
     if (fp32_math) {
-      TORCH_CHECK_TYPE(t->scalar_type() == at::kFloat || t->scalar_type() == q.scalar_type(), kOp, ": ", name,
-                       " must be float32 or q's dtype, got ", t->scalar_type());
+      TORCH_CHECK_TYPE(t->scalar_type() == at::kFloat || t->scalar_type() == q.scalar_type(), op, ": ", name,
+                       " must be float32 or ", n.q, "'s dtype, got ", t->scalar_type());
     } else {
-      check_dtype(kOp, *t, name, q.scalar_type(),
+      check_dtype(op, *t, name, q.scalar_type(),
                   "transformers builds cos/sin in the model dtype; pass fp32 tables with fp32 math");
     }
   }
-  check_dtype(kOp, sin, "sin", table_dtype, "the dtype of cos");
+  check_dtype(op, sin, "sin", table_dtype, "the dtype of cos");
   const int64_t rotary_dim = cos.size(2);
-  TORCH_CHECK_VALUE(rotary_dim % 2 == 0 && rotary_dim <= q.size(3), kOp,
+  TORCH_CHECK_VALUE(rotary_dim % 2 == 0 && rotary_dim <= q.size(3), op,
                     ": the rotary width (cos.shape[-1] = ", rotary_dim, ") must be even and at most head_dim = ",
                     q.size(3));
 }
@@ -239,7 +240,7 @@ template <bool kInverse>
 std::tuple<at::Tensor, at::Tensor> run_ltx_rope_from_coords(const char* op, const at::Tensor& q, const at::Tensor& k,
                                                             const at::Tensor& grid, const at::Tensor& freqs) {
   at::Tensor q4, k4;  // [B, S, 1, C] views (not structured bindings: the lambda below captures them)
-  std::tie(q4, k4) = check_ltx_coords(op, q, k, grid, freqs);
+  std::tie(q4, k4) = check_ltx_coords(op, q, k, grid, freqs, kInverse ? kGradQkNames : QkNames{});
   at::Tensor q_out = empty_tensor(q.sizes(), q.options());
   at::Tensor k_out = empty_tensor(k.sizes(), k.options());
   at::Tensor q_out4 = q_out.unsqueeze(2), k_out4 = k_out.unsqueeze(2);
@@ -290,7 +291,7 @@ void launch_backward(at::Tensor& grad_q_in, at::Tensor& grad_k_in, const at::Ten
 std::tuple<at::Tensor, at::Tensor> rope_backward(const at::Tensor& grad_q, const at::Tensor& grad_k,
                                                  const at::Tensor& cos, const at::Tensor& sin, std::string_view style,
                                                  bool fp32_math) {
-  check_inputs(grad_q, grad_k, cos, sin, fp32_math);
+  check_inputs(grad_q, grad_k, cos, sin, fp32_math, "rope_backward", kGradQkNames);
   resolve_style(style);
   at::Tensor grad_q_in = empty_tensor(grad_q.sizes(), grad_q.options());
   at::Tensor grad_k_in = empty_tensor(grad_k.sizes(), grad_k.options());

@@ -47,28 +47,37 @@ inline void check_heads_and_rows(const char* op, const at::Tensor& q, const at::
                     " heads (rows of head_dim); at most ", kMax, " rows are supported");
 }
 
+// What an op calls its q and k in its messages: the backward ops take the outputs' gradients in
+// their place.
+struct QkNames {
+  const char* q = "q";
+  const char* k = "k";
+};
+inline constexpr QkNames kGradQkNames{"grad_q", "grad_k"};
+
 // q [B, S, Hq, d] and k [B, S, Hk, d]: CUDA, float, same device and dtype, last dim contiguous.
-inline void check_qk(const char* op, const at::Tensor& q, const at::Tensor& k) {
-  check_cuda(op, q, "q");
-  check_float_dtype(op, q, "q");
-  TORCH_CHECK_VALUE(q.dim() == 4, op, ": q must be 4-D [B, S, H, d], got shape ", q.sizes());
-  check_last_dim_contiguous(op, q, "q");
-  check_same_device(op, k, "k", q, "q");
-  check_dtype(op, k, "k", q.scalar_type(), "the dtype of q");
+inline void check_qk(const char* op, const at::Tensor& q, const at::Tensor& k, QkNames n = {}) {
+  check_cuda(op, q, n.q);
+  check_float_dtype(op, q, n.q);
+  TORCH_CHECK_VALUE(q.dim() == 4, op, ": ", n.q, " must be 4-D [B, S, H, d], got shape ", q.sizes());
+  check_last_dim_contiguous(op, q, n.q);
+  check_same_device(op, k, n.k, q, n.q);
+  check_dtype(op, k, n.k, q.scalar_type(), "the dtype of q");
   TORCH_CHECK_VALUE(k.dim() == 4 && k.size(0) == q.size(0) && k.size(1) == q.size(1) && k.size(3) == q.size(3), op,
-                    ": k must be [B, S, H_k, d] with q's B, S and d ", q.sizes(), ", got ", k.sizes());
-  check_last_dim_contiguous(op, k, "k");
+                    ": ", n.k, " must be [B, S, H_k, d] with ", n.q, "'s B, S and d ", q.sizes(), ", got ", k.sizes());
+  check_last_dim_contiguous(op, k, n.k);
   check_heads_and_rows(op, q, k);
 }
 
 // cos, sin [B or 1, S, width] for q [B, S, H, d]: same device, shape and strides, last dim
-// contiguous (their dtype and width are the caller's to check).
-inline void check_tables(const char* op, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& q) {
+// contiguous (their dtype and width are the caller's to check). q_name: what the op calls q.
+inline void check_tables(const char* op, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& q,
+                         const char* q_name = "q") {
   for (const auto& [t, name] : {std::pair{&cos, "cos"}, std::pair{&sin, "sin"}}) {
-    check_same_device(op, *t, name, q, "q");
+    check_same_device(op, *t, name, q, q_name);
     TORCH_CHECK_VALUE(t->dim() == 3 && (t->size(0) == 1 || t->size(0) == q.size(0)) && t->size(1) == q.size(1), op,
-                      ": ", name, " must be [B or 1, S, rotary_dim] with q's B = ", q.size(0), " and S = ", q.size(1),
-                      ", got ", t->sizes());
+                      ": ", name, " must be [B or 1, S, rotary_dim] with ", q_name, "'s B = ", q.size(0),
+                      " and S = ", q.size(1), ", got ", t->sizes());
     check_last_dim_contiguous(op, *t, name);
   }
   check_same_shape(op, sin, "sin", cos, "cos");
@@ -78,37 +87,39 @@ inline void check_tables(const char* op, const at::Tensor& cos, const at::Tensor
 
 // Rotary coordinates for q [B, S, C] or [B, S, 1, C]: grid [B or 1, S, 3] float32 (any strides),
 // freqs [C // 6] float32 contiguous.
-inline void check_coords(const char* op, const at::Tensor& grid, const at::Tensor& freqs, const at::Tensor& q) {
-  check_same_device(op, grid, "grid", q, "q");
+inline void check_coords(const char* op, const at::Tensor& grid, const at::Tensor& freqs, const at::Tensor& q,
+                         const char* q_name = "q") {
+  check_same_device(op, grid, "grid", q, q_name);
   check_dtype(op, grid, "grid", at::kFloat, "diffusers computes the rotary coordinates in float32");
   TORCH_CHECK_VALUE(grid.dim() == 3 && (grid.size(0) == 1 || grid.size(0) == q.size(0)) && grid.size(1) == q.size(1) &&
                         grid.size(2) == 3,
-                    op, ": grid must be [B or 1, S, 3] (frame, height, width) with q's B = ", q.size(0),
+                    op, ": grid must be [B or 1, S, 3] (frame, height, width) with ", q_name, "'s B = ", q.size(0),
                     " and S = ", q.size(1), ", got ", grid.sizes());
   const int64_t width = q.size(-1);
-  check_same_device(op, freqs, "freqs", q, "q");
+  check_same_device(op, freqs, "freqs", q, q_name);
   check_dtype(op, freqs, "freqs", at::kFloat, "diffusers computes the rotary frequencies in float32");
   TORCH_CHECK_VALUE(freqs.dim() == 1 && freqs.size(0) == width / 6 && freqs.is_contiguous(), op,
-                    ": freqs must be a contiguous [C // 6] = [", width / 6, "] (C = q.shape[-1] = ", width,
+                    ": freqs must be a contiguous [C // 6] = [", width / 6, "] (C = ", q_name, ".shape[-1] = ", width,
                     "), got shape ", freqs.sizes(), " and strides ", freqs.strides());
 }
 
 // LTX's q, k [B, S, C] (before the head split) with coordinates grid [B or 1, S, 3] float32 (any
 // strides) and freqs [C // 6] float32 contiguous; C even. Returns q, k as the kernels' [B, S, 1, C].
 inline std::pair<at::Tensor, at::Tensor> check_ltx_coords(const char* op, const at::Tensor& q, const at::Tensor& k,
-                                                   const at::Tensor& grid, const at::Tensor& freqs) {
-  check_cuda(op, q, "q");
-  check_float_dtype(op, q, "q");
-  TORCH_CHECK_VALUE(q.dim() == 3, op, ": q must be 3-D [B, S, C] (LTX's projection before the head split), got shape ",
-                    q.sizes());
-  check_same_device(op, k, "k", q, "q");
-  check_same_shape(op, k, "k", q, "q");
+                                                          const at::Tensor& grid, const at::Tensor& freqs,
+                                                          QkNames n = {}) {
+  check_cuda(op, q, n.q);
+  check_float_dtype(op, q, n.q);
+  TORCH_CHECK_VALUE(q.dim() == 3, op, ": ", n.q,
+                    " must be 3-D [B, S, C] (LTX's projection before the head split), got shape ", q.sizes());
+  check_same_device(op, k, n.k, q, n.q);
+  check_same_shape(op, k, n.k, q, n.q);
   at::Tensor q4 = q.unsqueeze(2), k4 = k.unsqueeze(2);
-  check_qk(op, q4, k4);
+  check_qk(op, q4, k4, n);
   const int64_t width = q.size(2);
-  TORCH_CHECK_VALUE(width % 2 == 0, op, ": the rotated width (q.shape[-1] = ", width,
+  TORCH_CHECK_VALUE(width % 2 == 0, op, ": the rotated width (", n.q, ".shape[-1] = ", width,
                     ") must be even: RoPE rotates pairs");
-  check_coords(op, grid, freqs, q);
+  check_coords(op, grid, freqs, q, n.q);
   return {q4, k4};
 }
 

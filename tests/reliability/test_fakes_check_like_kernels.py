@@ -231,3 +231,16 @@ def test_every_catalog_call_passes_its_fake(tk, name):
             with FakeTensorMode(allow_non_fake_inputs=True):
                 call = oc.build(name, dtype, case, "cuda")
                 getattr(tk.ops, call.op)(*call.args)
+
+
+def test_a_cpu_tensor_beside_a_meta_one_is_refused_not_faked(tk):
+    """rms_norm(x on the CPU, weight on meta) reaches the fake (meta dispatches first), which used to
+    return an uninitialised CPU tensor; torch's own ops raise there, and so do ours, naming the
+    argument and both devices, whichever of the two is on the CPU."""
+    with pytest.raises(ValueError, match=r"rms_norm: weight must be on the same device as x \(cpu\), got meta"):
+        tk.rms_norm(torch.randn(4, 64), torch.empty(64, device="meta"), eps=1e-5)
+    with pytest.raises(ValueError, match=r"rms_norm: weight must be on the same device as x \(meta\), got cpu"):
+        tk.rms_norm(torch.empty(4, 64, device="meta"), torch.randn(64), eps=1e-5)
+    with pytest.raises(ValueError, match=r"linear_fp8: x_scale must be on the same device as x \(cpu\), got meta"):
+        tk.linear_fp8(torch.empty(4, 64, dtype=torch.float8_e4m3fn), torch.empty(4, 1, device="meta"),
+                      torch.empty(32, 64, device="meta", dtype=torch.float8_e4m3fn), torch.empty(32, 1, device="meta"))

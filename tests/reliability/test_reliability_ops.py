@@ -236,20 +236,63 @@ def test_launches_on_the_current_stream_of_the_tensors_device(tk, name):
     assert_same_bits(outs, expected, f"{name} on cuda:1's side stream")
 
 
-@pytest.mark.gpu
-@TWO_GPUS
+# (where the entry's tensors are, where one of them is moved): meta stand-ins beside a CPU tensor run
+# the fakes; a CUDA call beside a CPU, meta or second-GPU tensor runs the kernels' binding.
+DEVICE_MOVES = [pytest.param("meta", "cpu", id="meta-cpu"),
+                pytest.param("cuda:0", "cpu", id="cuda-cpu", marks=pytest.mark.gpu),
+                pytest.param("cuda:0", "meta", id="cuda-meta", marks=pytest.mark.gpu),
+                pytest.param("cuda:0", "cuda:1", id="cuda-cuda1", marks=[pytest.mark.gpu, TWO_GPUS])]
+
+
+def schema_names(tk, op: str) -> list[str]:
+    return [a.name for a in getattr(tk.ops, op).default._schema.arguments]
+
+
+def moved_one_at_a_time(tk, name: str, home: str, other: str):
+    """(call, argument name, args) for each tensor argument of the entry's first case moved to `other`,
+    the rest on `home` (meta: stand-ins of a CPU call's tensors, strides kept)."""
+    call = oc.build(name, torch.bfloat16, oc.cases_of(name)[0], "cpu" if home == "meta" else home, 17)
+    names = schema_names(tk, call.op)
+    on_home = [a.to(home) if isinstance(a, torch.Tensor) else a for a in call.args]
+    for i in call.tensor_positions():
+        args = list(on_home)
+        args[i] = call.args[i].to(other)
+        yield call, names[i], tuple(args)
+
+
+def assert_names_device(err: ValueError, arg: str, device: str, what: str):
+    message = str(err)
+    assert re.search(rf"\b{re.escape(arg)}\b", message) and device in message, (
+        f"{what}: the error should name the argument moved ({arg}) and its device ({device}): {message}")
+
+
+@pytest.mark.parametrize("home,other", DEVICE_MOVES)
 @pytest.mark.parametrize("name", list(oc.ENTRIES))
-def test_operands_on_two_devices_raise(tk, name):
-    """Each tensor argument in turn on cuda:1, the rest on cuda:0: a ValueError naming the argument
-    and the device expected, never a launch reading another device's memory."""
-    call = oc.build(name, torch.bfloat16, "small", "cuda:0", 17)
-    positions = call.tensor_positions()
-    if len(positions) < 2:
-        pytest.skip(f"{name} takes one tensor")
-    for i in positions:
-        args = list(call.args)
-        args[i] = args[i].to("cuda:1")
-        with pytest.raises(ValueError, match="must be on the same device as"):
-            call(tk, tuple(args))
-    torch.cuda.synchronize(0)
-    torch.cuda.synchronize(1)
+def test_a_tensor_on_another_device_raises(tk, name, home, other):
+    """Each tensor argument in turn on another device than the rest: a ValueError naming that argument
+    and its device (and, for the others, x's device: "w must be on the same device as x (cuda:0), got
+    cpu"), never a launch reading another device's memory or a fake result of uninitialised memory."""
+    for call, arg, args in moved_one_at_a_time(tk, name, home, other):
+        with pytest.raises(ValueError, match="must be on the same device as|must be a CUDA tensor") as err:
+            call(tk, args)
+        assert_names_device(err.value, arg, other, f"{name} with {arg} on {other}, the rest on {home}")
+    if home.startswith("cuda"):
+        torch.cuda.synchronize(0)
+
+
+_CUDA_KEY = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
+
+
+@pytest.mark.parametrize("name", list(oc.ENTRIES))
+def test_the_bindings_check_every_tensors_device(tk, name):
+    """The C++ binding itself (called below the fakes, on meta stand-ins with one tensor on the CPU)
+    checks every tensor argument's device: the fake's check is no substitute for the kernel's, which
+    a CUDA call beside a CPU tensor reaches directly."""
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(tk.add_op_namespace_prefix(oc.ENTRIES[name][1]), "CUDA"):
+        pytest.skip("a build without CUDA kernels")
+    for call, arg, args in moved_one_at_a_time(tk, name, "meta", "cpu"):
+        op = getattr(tk.ops, call.op).default
+        with pytest.raises(ValueError, match="must be on the same device as|must be a CUDA tensor") as err:
+            with torch._C._AutoDispatchBelowADInplaceOrView():
+                op.redispatch(_CUDA_KEY, *args)
+        assert_names_device(err.value, arg, "cpu", f"{name}'s binding with {arg} on the CPU, the rest on meta")

@@ -7,10 +7,12 @@ nothing launches (``validation_only`` in csrc/common/checks.h). A fake then rais
 raises, the same exception type and message, under ``torch.compile`` at trace time instead of at
 run time, with one copy of each check (C++).
 
-What the stand-ins cannot show is checked at run time only: whether outputs share memory with
-inputs (meta tensors have no addresses), device placement (they are all meta), the pointer
-alignment the kernels' plans depend on, and arguments with symbolic sizes (``dynamic=True``) or on
-the CPU (the CPU paths check themselves).
+Device placement, which the stand-ins cannot show (they are all meta), is checked here first, with
+the kernels' message: every tensor argument on the device of the op's first input (``check_devices``;
+a CPU tensor beside meta ones would otherwise get a fake result of uninitialised memory). What else
+the stand-ins cannot show is checked at run time only: whether outputs share memory with inputs
+(meta tensors have no addresses), the pointer alignment the kernels' plans depend on, and arguments
+with symbolic sizes (``dynamic=True``) or on the CPU (the CPU paths check themselves).
 """
 
 from __future__ import annotations
@@ -41,11 +43,39 @@ def _stand_ins(value):
     return value
 
 
+def _named_tensors(name: str, args: tuple, kwargs: dict) -> list[tuple[str, torch.Tensor, bool]]:
+    """(argument name, tensor, written by the op) for every tensor argument of op `name`'s call, in
+    schema order (the elements of a tensor list as ``name[i]``)."""
+    named = []
+    for i, arg in enumerate(getattr(ops, name).default._schema.arguments):
+        value = args[i] if i < len(args) else kwargs.get(arg.name)
+        written = arg.alias_info is not None and arg.alias_info.is_write
+        if isinstance(value, torch.Tensor):
+            named.append((arg.name, value, written))
+        elif isinstance(value, (list, tuple)):
+            named += [(f"{arg.name}[{j}]", t, written) for j, t in enumerate(value) if isinstance(t, torch.Tensor)]
+    return named
+
+
+def check_devices(name: str, args: tuple, kwargs: dict) -> None:
+    """Every tensor argument of op `name` on the device of its first input (outputs, ``out=`` and in
+    place, are checked against it too): the kernels' ValueError (check_same_device in
+    csrc/common/checks.h), naming the argument and both devices."""
+    named = _named_tensors(name, args, kwargs)
+    inputs = [(n, t) for n, t, written in named if not written] or [(n, t) for n, t, _ in named]
+    if not inputs:
+        return
+    ref_name, ref = inputs[0]
+    for arg, t, _ in named:
+        if t.device != ref.device:
+            raise ValueError(f"{name}: {arg} must be on the same device as {ref_name} ({ref.device}), got {t.device}")
+
+
 def check_like_the_kernel(name: str, args: tuple, kwargs: dict) -> None:
-    """Runs op `name`'s C++ checks on meta stand-ins of `args` (see the module docstring)."""
-    tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
-    tensors += [t for a in (*args, *kwargs.values()) if isinstance(a, (list, tuple)) for t in a
-                if isinstance(t, torch.Tensor)]
+    """Runs op `name`'s device check, then its C++ checks on meta stand-ins of `args` (see the
+    module docstring)."""
+    check_devices(name, args, kwargs)
+    tensors = [t for _, t, _ in _named_tensors(name, args, kwargs)]
     if any(t.device.type == "cpu" for t in tensors) or not all(_concrete(t) for t in tensors):
         return
     if not torch._C._dispatch_has_kernel_for_dispatch_key(add_op_namespace_prefix(name), "CUDA"):
