@@ -157,9 +157,9 @@ cudaError_t LaunchElementwise(ElementwiseParams<T> p, cudaStream_t stream) {
   const int64_t num_vecs = std::max<int64_t>(1, ceil_div(p.cols, kVec));
   p.log2_threads_per_row = log2_threads_per_row(ceil_div(num_vecs, kVecsPerThread), Policy::kBlockThreads);
   const dim3 grid = grid_for(p.num_rows, Policy::kBlockThreads >> p.log2_threads_per_row);
-  kernel_entry_for<elementwise_register_cap<Policy, kOp>(), ElementwiseParams<T>,
-                   elementwise_body<Policy, T, kOp, kAct, kVec>>()
-      <<<grid, Policy::kBlockThreads, 0, stream>>>(p);
+  launch_kernel(kernel_entry_for<elementwise_register_cap<Policy, kOp>(), ElementwiseParams<T>,
+                                 elementwise_body<Policy, T, kOp, kAct, kVec>>(),
+                grid, Policy::kBlockThreads, 0, stream, p);
   return cudaGetLastError();
 }
 

@@ -174,7 +174,8 @@ cudaError_t LaunchActivationBackward(ActivationBackwardParams<T> p, cudaStream_t
   const int64_t num_vecs = std::max<int64_t>(1, ceil_div(p.cols, kVec));
   p.log2_threads_per_row = log2_threads_per_row(ceil_div(num_vecs, vecs_per_thread<kOp>()), kThreadsPerBlock);
   const dim3 grid = grid_for(p.num_rows, kThreadsPerBlock >> p.log2_threads_per_row);
-  kernel_entry<ActivationBackwardParams<T>, body<T, kOp, kAct, kVec>><<<grid, kThreadsPerBlock, 0, stream>>>(p);
+  launch_kernel(kernel_entry<ActivationBackwardParams<T>, body<T, kOp, kAct, kVec>>,
+                grid, kThreadsPerBlock, 0, stream, p);
   return cudaGetLastError();
 }
 

@@ -24,7 +24,7 @@ constexpr const char* kOp = "decode_linear";
 // dtype or float8_e4m3fn (then weight_scale [N] or [N, 1] float32, contiguous); bias [N] in x's dtype.
 void check_inputs(const at::Tensor& x, const at::Tensor& weight, const OptTensor& weight_scale, const OptTensor& bias) {
   check_row_input(kOp, x, "x");
-  const int64_t rows = num_rows(x);
+  const int64_t rows = matrix_rows(x);
   TORCH_CHECK_VALUE(rows <= kDecodeMaxRows, kOp, ": x must have at most ", kDecodeMaxRows,
                     " rows (the tokens of a decode step), got ", rows, " (shape ", x.sizes(),
                     "); more rows are a GEMM's work (F.linear)");
@@ -69,12 +69,13 @@ at::Tensor decode_linear(const at::Tensor& x, const at::Tensor& weight, const Op
   if (out.numel() == 0) return out;
   const auto x_ld = matrix_ld(x);
   const int64_t row_multiple = kVecBytes / static_cast<int64_t>(x.element_size());
-  TORCH_CHECK_VALUE(x_ld && (num_rows(x) <= 1 || *x_ld % row_multiple == 0), kOp,
+  // Rows of no elements (in_features 0) are never read: their stride and alignment do not matter.
+  TORCH_CHECK_VALUE(x.size(-1) == 0 || (x_ld && (matrix_rows(x) <= 1 || *x_ld % row_multiple == 0)), kOp,
                     ": x's rows must be one stride apart, a multiple of ", row_multiple, " elements (sizes ",
                     x.sizes(), ", strides ", x.strides(), ")");
   if (validation_only(x)) return out;
-  TORCH_CHECK_VALUE(reinterpret_cast<uintptr_t>(x.const_data_ptr()) % kVecBytes == 0 &&
-                        reinterpret_cast<uintptr_t>(weight.const_data_ptr()) % kVecBytes == 0,
+  TORCH_CHECK_VALUE(x.size(-1) == 0 || (reinterpret_cast<uintptr_t>(x.const_data_ptr()) % kVecBytes == 0 &&
+                                         reinterpret_cast<uintptr_t>(weight.const_data_ptr()) % kVecBytes == 0),
                     kOp, ": x and weight must start on a 16-byte boundary (views one element into a tensor do not)");
   const at::cuda::OptionalCUDAGuard device_guard(x.device());
   const bool fp8 = weight.scalar_type() == at::kFloat8_e4m3fn;
@@ -84,12 +85,12 @@ at::Tensor decode_linear(const at::Tensor& x, const at::Tensor& weight, const Op
       using W = typename decltype(weight_tag)::type;
       DecodeLinearParams<T, W> p;
       p.x = static_cast<const T*>(x.const_data_ptr());
-      p.x_row_stride = *x_ld;
+      p.x_row_stride = x_ld.value_or(0);
       p.weight = static_cast<const W*>(weight.const_data_ptr());
       if (weight_scale) p.weight_scale = weight_scale->const_data_ptr<float>();
       if (bias) p.bias = static_cast<const T*>(bias->const_data_ptr());
       p.out = static_cast<T*>(out.data_ptr());
-      p.rows = static_cast<int>(num_rows(x));
+      p.rows = static_cast<int>(matrix_rows(x));  // in_features 0 too: each row's output is the bias
       p.n = weight.size(0);
       p.k = x.size(-1);
       check_launch(kOp, DecodeLinear(p, at::cuda::getCurrentCUDAStream()));

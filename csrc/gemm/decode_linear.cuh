@@ -129,14 +129,16 @@ __device__ void decode_linear_body(const DecodeLinearParams<T, W>& p) {
 }  // namespace decode_linear_detail
 
 // Host launcher: cudaErrorInvalidValue for more than kDecodeMaxRows rows, a K that is not a whole
-// number of steps, misaligned x rows or weight, or e4m3 weights without their scales.
+// number of steps, misaligned x rows or weight, or e4m3 weights without their scales. K = 0 writes
+// each row's bias (zeros without one).
 template <typename Policy = DecodeLinearPolicy, typename T, typename W>
 cudaError_t DecodeLinear(const DecodeLinearParams<T, W>& p, cudaStream_t stream) {
   if (p.rows == 0 || p.n == 0) return cudaSuccess;
   constexpr int kMultiple = decode_linear_k_multiple<T, W>();
-  const bool aligned = reinterpret_cast<uintptr_t>(p.x) % kVecBytes == 0 &&
-                       reinterpret_cast<uintptr_t>(p.weight) % kVecBytes == 0 &&
-                       (p.rows == 1 || p.x_row_stride % vec_size<T>() == 0);
+  const bool aligned = p.k == 0 ||  // nothing is read
+                       (reinterpret_cast<uintptr_t>(p.x) % kVecBytes == 0 &&
+                        reinterpret_cast<uintptr_t>(p.weight) % kVecBytes == 0 &&
+                        (p.rows == 1 || p.x_row_stride % vec_size<T>() == 0));
   if (p.rows > kDecodeMaxRows || p.k % kMultiple != 0 || !aligned ||
       (std::is_same_v<W, uint8_t> && p.weight_scale == nullptr))
     return cudaErrorInvalidValue;
@@ -144,8 +146,8 @@ cudaError_t DecodeLinear(const DecodeLinearParams<T, W>& p, cudaStream_t stream)
   const dim3 grid = grid_for(p.n, channels_per_block);
   auto launch = [&](auto rows_tag) {
     constexpr int kRows = decltype(rows_tag)::value;
-    kernel_entry<DecodeLinearParams<T, W>, decode_linear_detail::decode_linear_body<Policy, T, W, kRows>>
-        <<<grid, Policy::kBlockThreads, 0, stream>>>(p);
+    launch_kernel(kernel_entry<DecodeLinearParams<T, W>, decode_linear_detail::decode_linear_body<Policy, T, W, kRows>>,
+                  grid, Policy::kBlockThreads, 0, stream, p);
   };
   if (p.rows == 1) launch(std::integral_constant<int, 1>{});
   else if (p.rows == 2) launch(std::integral_constant<int, 2>{});

@@ -700,18 +700,18 @@ cudaError_t LaunchGroupNorm(const GroupNormParams<T>& p, cudaStream_t stream) {
   if (plan.layout == GroupNormLayout::kChannelsFirst) {
     const dim3 grid(static_cast<unsigned>(num_groups * plan.parts));
     if (plan.parts == 1) {
-      cf_kernel<T, kVec, CfPass::kWhole>()<<<grid, plan.threads, 0, stream>>>(p);
+      launch_kernel(cf_kernel<T, kVec, CfPass::kWhole>(), grid, plan.threads, 0, stream, p);
     } else {
-      cf_kernel<T, kVec, CfPass::kStats>()<<<grid, plan.threads, 0, stream>>>(p);
-      if (plan.finalize) finalize_kernel<T>()<<<finalize_grid, P::kFinalizeThreads, 0, stream>>>(p);
-      cf_kernel<T, kVec, CfPass::kNormalize>()<<<grid, plan.threads, 0, stream>>>(p);
+      launch_kernel(cf_kernel<T, kVec, CfPass::kStats>(), grid, plan.threads, 0, stream, p);
+      if (plan.finalize) launch_kernel(finalize_kernel<T>(), finalize_grid, P::kFinalizeThreads, 0, stream, p);
+      launch_kernel(cf_kernel<T, kVec, CfPass::kNormalize>(), grid, plan.threads, 0, stream, p);
     }
     return cudaGetLastError();
   }
   const dim3 grid(static_cast<unsigned>(p.batch * plan.parts));
-  cl_stats_kernel<T, kVec>()<<<grid, plan.threads, plan.smem_bytes, stream>>>(p);
-  finalize_kernel<T>()<<<finalize_grid, P::kFinalizeThreads, 0, stream>>>(p);
-  cl_normalize_kernel<T, kVec>()<<<grid, plan.threads, 0, stream>>>(p);
+  launch_kernel(cl_stats_kernel<T, kVec>(), grid, plan.threads, plan.smem_bytes, stream, p);
+  launch_kernel(finalize_kernel<T>(), finalize_grid, P::kFinalizeThreads, 0, stream, p);
+  launch_kernel(cl_normalize_kernel<T, kVec>(), grid, plan.threads, 0, stream, p);
   return cudaGetLastError();
 }
 

@@ -238,7 +238,7 @@ cudaError_t LaunchCrossEntropy(const CrossEntropyParams<T>& p, int sm_count, cud
   dim3 grid, block;
   // The soft-capped kernels use more than 64 registers: 1024 threads would not fit an SM's 64 K.
   plan(p.rows, p.vocab, kVec, sm_count, max_block_threads<kKernel>(kMaxBlockThreads / 2), &grid, &block);
-  kKernel<<<grid, block, 0, stream>>>(p);
+  launch_kernel(kKernel, grid, block, 0, stream, p);
   return cudaGetLastError();
 }
 

@@ -203,7 +203,7 @@ cudaError_t column_sums(const ColumnSumParams<O>& p, cudaStream_t stream) {
   ColumnSumParams<O> q = p;
   q.col_blocks = (p.hidden + kColumnSumCols - 1) / kColumnSumCols;
   const dim3 grid(static_cast<unsigned>(rows * q.col_blocks), static_cast<unsigned>(p.num_sums));
-  column_sum_kernel<O><<<grid, dim3(kColumnSumCols, kColumnSumLanes), 0, stream>>>(q);
+  launch_kernel(column_sum_kernel<O>, grid, dim3(kColumnSumCols, kColumnSumLanes), 0, stream, q);
   return cudaGetLastError();
 }
 

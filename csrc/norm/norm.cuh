@@ -64,8 +64,8 @@ cudaError_t LaunchNorm(const typename Op::Params& p, cudaStream_t stream) {
       constexpr auto kFromStats = norm_kernel<Op, kVec, 0, RowPass::kChunkFromStats>();
       const int64_t chunk_vecs = p.split_chunk_elems / kVec;
       const dim3 grid(static_cast<unsigned>(p.split_chunks), static_cast<unsigned>(p.num_rows));
-      kStats<<<grid, block_threads<Op, kStats>(chunk_vecs), 0, stream>>>(p);
-      kFromStats<<<grid, block_threads<Op, kFromStats>(chunk_vecs), 0, stream>>>(p);
+      launch_kernel(kStats, grid, block_threads<Op, kStats>(chunk_vecs), 0, stream, p);
+      launch_kernel(kFromStats, grid, block_threads<Op, kFromStats>(chunk_vecs), 0, stream, p);
       return cudaGetLastError();
     }
   }
@@ -75,9 +75,10 @@ cudaError_t LaunchNorm(const typename Op::Params& p, cudaStream_t stream) {
     constexpr int kLanes = kEverySchedule ? decltype(lanes_tag)::value : 0;
     constexpr auto kKernel = norm_kernel<Op, kVec, kLanes>();
     if constexpr (kLanes == 0) {
-      kKernel<<<grid_for(p.num_rows, 1), block_threads<Op, kKernel>(num_vecs), 0, stream>>>(p);
+      launch_kernel(kKernel, grid_for(p.num_rows, 1), block_threads<Op, kKernel>(num_vecs), 0, stream, p);
     } else {
-      kKernel<<<grid_for(p.num_rows, Policy::kGroupBlockThreads / kLanes), Policy::kGroupBlockThreads, 0, stream>>>(p);
+      launch_kernel(kKernel, grid_for(p.num_rows, Policy::kGroupBlockThreads / kLanes), Policy::kGroupBlockThreads, 0,
+                    stream, p);
     }
   });
   return cudaGetLastError();

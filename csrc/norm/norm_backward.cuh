@@ -554,7 +554,7 @@ cudaError_t norm_backward(const NormBackwardParams<T, W, G>& p, const NormBackwa
   constexpr int kVec = vec_size<T>();
   if (plan.chunked == kWholeRows) return cudaErrorInvalidValue;  // planned for the other form
   const dim3 grid(static_cast<unsigned>(plan.items * p.chunks));
-  auto go = [&](auto kernel) { kernel<<<grid, plan.block_threads, plan.shared_bytes, stream>>>(p); };
+  auto go = [&](auto kernel) { launch_kernel(kernel, grid, plan.block_threads, plan.shared_bytes, stream, p); };
   if constexpr (kWholeRows) {
     go(norm_backward_kernel<T, W, G, kNorm, kFeatures, kVec, RowPass::kWholeRow>());
   } else {

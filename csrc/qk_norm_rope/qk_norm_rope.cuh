@@ -269,7 +269,7 @@ constexpr auto qk_norm_rope_kernel() {
 template <auto kKernel, typename Params>
 cudaError_t block_per_group(const Params& p, dim3 grid, int threads, cudaStream_t stream) {
   if (threads > max_block_threads<kKernel>(kMaxBlockThreads)) return cudaErrorLaunchOutOfResources;
-  kKernel<<<grid, threads, 0, stream>>>(p);
+  launch_kernel(kKernel, grid, threads, 0, stream, p);
   return cudaGetLastError();
 }
 
@@ -315,8 +315,9 @@ cudaError_t LaunchQkNormRope(const QkNormRopeParams<T, weight_t, table_t>& p, cu
   return with_row_group_lanes(typename Policy::RowGroups{}, s.lanes, [&](auto lanes_tag) {
     constexpr int kLanes = decltype(lanes_tag)::value;
     if constexpr (kRowGroups && kLanes > 0) {
-      qk_norm_rope_kernel<Policy, kForm, kSource, T, weight_t, table_t, kVec, kLanes, Policy::kCachedVecs, kRows>()
-          <<<grid_for(groups, Policy::kGroupBlockThreads / kLanes), Policy::kGroupBlockThreads, 0, stream>>>(p);
+      launch_kernel(
+          qk_norm_rope_kernel<Policy, kForm, kSource, T, weight_t, table_t, kVec, kLanes, Policy::kCachedVecs, kRows>(),
+          grid_for(groups, Policy::kGroupBlockThreads / kLanes), Policy::kGroupBlockThreads, 0, stream, p);
       return cudaGetLastError();
     } else {
       constexpr auto kFewVecs = qk_norm_rope_kernel<Policy, kForm, kSource, T, weight_t, table_t, kVec, 0,

@@ -311,11 +311,11 @@ cudaError_t QkNormRopeBackward(const QkNormRopeBackwardParams<T, weight_t, table
   if (blocks > 0) {
     const dim3 grid(static_cast<unsigned>(blocks));
     if (plan.vectorized) {
-      qk_norm_rope_backward_kernel<kHalfRotation, kSource, T, weight_t, table_t, kVec>()
-          <<<grid, plan.block_threads, plan.shared_bytes, stream>>>(p);
+      launch_kernel(qk_norm_rope_backward_kernel<kHalfRotation, kSource, T, weight_t, table_t, kVec>(),
+                    grid, plan.block_threads, plan.shared_bytes, stream, p);
     } else {
-      qk_norm_rope_backward_kernel<kHalfRotation, kSource, T, weight_t, table_t, kMinVec>()
-          <<<grid, plan.block_threads, plan.shared_bytes, stream>>>(p);
+      launch_kernel(qk_norm_rope_backward_kernel<kHalfRotation, kSource, T, weight_t, table_t, kMinVec>(),
+                    grid, plan.block_threads, plan.shared_bytes, stream, p);
     }
     const cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;

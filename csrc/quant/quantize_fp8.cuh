@@ -101,13 +101,14 @@ bool quantize_fp8_vectorizable(const QuantizeFp8Params<T>& p, int vec) {
 template <Activation kAct = Activation::kNone, typename Policy = QuantPolicy, typename T>
 cudaError_t QuantizeFp8(const QuantizeFp8Params<T>& p, cudaStream_t stream) {
   if (p.num_rows == 0) return cudaSuccess;
-  if ((kAct == Activation::kNone) != (p.up == nullptr)) return cudaErrorInvalidValue;
+  // Rows of no elements read neither operand (an empty tensor's data pointer may be null).
+  if (p.hidden > 0 && (kAct == Activation::kNone) != (p.up == nullptr)) return cudaErrorInvalidValue;
   constexpr int kVec = vec_size<T>();
   constexpr auto kVectorized =
       &kernel_entry<QuantizeFp8Params<T>, quant_detail::quantize_fp8_body<Policy, T, kVec, kAct>>;
   constexpr auto kScalar = &kernel_entry<QuantizeFp8Params<T>, quant_detail::quantize_fp8_body<Policy, T, 1, kAct>>;
   const auto kernel = quant_detail::quantize_fp8_vectorizable(p, kVec) ? kVectorized : kScalar;
-  kernel<<<grid_for(p.num_rows, 1), Policy::kBlockThreads, 0, stream>>>(p);
+  launch_kernel(kernel, grid_for(p.num_rows, 1), Policy::kBlockThreads, 0, stream, p);
   return cudaGetLastError();
 }
 

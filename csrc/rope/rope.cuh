@@ -393,8 +393,8 @@ void launch_group_rows(int rows, dim3 grid, const RopeParams<T, table_t>& p, cud
       return launch_group_rows<Policy, T, table_t, kStyle, kFp32Math, kPairs, kSource, kRows / 2, kInverse>(rows, grid,
                                                                                                              p, stream);
   }
-  rope_kernel<Policy, T, table_t, kStyle, kFp32Math, kPairs, kSource, kRows, kInverse>()
-      <<<grid, Policy::kBlockThreads, 0, stream>>>(p);
+  launch_kernel(rope_kernel<Policy, T, table_t, kStyle, kFp32Math, kPairs, kSource, kRows, kInverse>(),
+                grid, Policy::kBlockThreads, 0, stream, p);
 }
 
 // Host launcher. Vector steps (16 bytes of x per load) when pointers, strides and the rotary
@@ -430,11 +430,13 @@ cudaError_t launch_rope(RopeParams<T, table_t> p, cudaStream_t stream) {
   const dim3 grid = grid_for(groups, Policy::kBlockThreads >> p.log2_threads_per_row);
   constexpr int kHeadsRows = kGroupHeads ? Policy::kMaxHeadsPerGroup : 1;  // the largest group compiled
   if (!vectorizable) {
-    rope_detail::rope_kernel<Policy, T, table_t, kStyle, kFp32Math, 1, kSource, !kTables ? kCoordsRows : 1, kInverse>()
-        <<<grid, Policy::kBlockThreads, 0, stream>>>(p);
+    launch_kernel(rope_detail::rope_kernel<Policy, T, table_t, kStyle, kFp32Math, 1, kSource,
+                                           !kTables ? kCoordsRows : 1, kInverse>(),
+                  grid, Policy::kBlockThreads, 0, stream, p);
   } else if constexpr (!kTables) {
-    rope_detail::rope_kernel<Policy, T, table_t, kStyle, kFp32Math, kVecPairs, kSource, kCoordsRows, kInverse>()
-        <<<grid, Policy::kBlockThreads, 0, stream>>>(p);
+    launch_kernel(
+        rope_detail::rope_kernel<Policy, T, table_t, kStyle, kFp32Math, kVecPairs, kSource, kCoordsRows, kInverse>(),
+        grid, Policy::kBlockThreads, 0, stream, p);
   } else {
     rope_detail::launch_group_rows<Policy, T, table_t, kStyle, kFp32Math, kVecPairs, kSource, kHeadsRows, kInverse>(
         group_rows, grid, p, stream);

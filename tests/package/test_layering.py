@@ -50,3 +50,28 @@ def test_the_check_sees_a_torch_include_through_our_headers(tmp_path, monkeypatc
     unit.write_text('#include "binding.h"\n#include <cuda_runtime.h>\n')
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     assert torch_includes(unit) == ["unit.cu -> binding.h -> <ATen/core/Tensor.h>"]
+
+
+LAUNCH = re.compile(r"<<<")
+LAUNCHER = CSRC / "common" / "kernel.cuh"
+
+
+def raw_launches(root):
+    """`path:line` of every `<<<` under `root` outside common/kernel.cuh's launch_kernel."""
+    return [f"{p.relative_to(root).as_posix()}:{n}" for p in sorted(root.rglob("*")) if p.suffix in (".cu", ".cuh", ".h")
+            and p.resolve() != LAUNCHER.resolve() for n, line in enumerate(p.read_text().splitlines(), 1)
+            if LAUNCH.search(line)]
+
+
+def test_every_launch_goes_through_launch_kernel():
+    """launch_kernel (common/kernel.cuh) is the one guard against an empty grid, which CUDA refuses
+    as an invalid argument (act_mul_fp8 on rows of no elements raised that before): a kernel launched
+    with <<<>>> anywhere else would bypass it."""
+    assert "<<<" in LAUNCHER.read_text()
+    assert not raw_launches(CSRC), raw_launches(CSRC)
+
+
+def test_the_launch_check_sees_a_raw_launch(tmp_path):
+    (tmp_path / "family").mkdir()
+    (tmp_path / "family" / "op.cuh").write_text("void f() {\n  kernel<<<grid, 128, 0, stream>>>(p);\n}\n")
+    assert raw_launches(tmp_path) == ["family/op.cuh:2"]
