@@ -716,19 +716,29 @@ def save_small_llama(tmp_path):
     return model
 
 
-def test_from_pretrained_with_our_kernel_config_on_cpu(tmp_path, tk):
-    """use_kernels=True with our KernelConfig: the mapping passes transformers' checks and loads our
-    layers; on CPU kernelize keeps transformers' forwards (the mapping is for cuda), so the logits
-    are the eager ones."""
-    why = transformers_takes_installed_kernels()
-    if why:
-        pytest.skip(why)
-    from transformer_kernels_integrations.transformers_models import kernel_config
+def test_transformers_maps_its_marked_layers_to_ours_on_cpu(tk, monkeypatch):
+    """The pinned kernels is one the pinned transformers accepts, so its Hub mapping is on: it marks
+    LlamaRMSNorm "RMSNorm" itself (no replace_kernel_forward_from_hub), our KernelConfig passes its
+    sanitize_kernel_mapping, and create_compatible_mapping turns it into the kernels mapping of a CUDA
+    model whose every entry loads our layer. (transformers refuses use_kernels=True for a model on the
+    CPU; the forward is the GPU test's.)"""
+    from kernels import Mode
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+    from transformers.utils import kernel_config as transformers_kernel_config
 
-    eager = save_small_llama(tmp_path)
-    model = transformers.LlamaForCausalLM.from_pretrained(tmp_path, use_kernels=True, kernel_config=kernel_config())
-    ids = torch.randint(0, 101, (2, 9), generator=torch.Generator().manual_seed(4))
-    torch.testing.assert_close(model(ids).logits, eager(ids).logits, rtol=0, atol=0)
+    from transformer_kernels_integrations.transformers_models import HUB_LAYERS, LLAMA_HUB_LAYERS, kernel_config
+
+    why = transformers_takes_installed_kernels()
+    assert why is None, f"requirements.txt pins a kernels transformers does not take: {why}"
+    assert getattr(LlamaRMSNorm, "kernel_layer_name", None) == "RMSNorm"
+    model = small_model("llama").eval()
+    config = kernel_config()
+    config.sanitize_kernel_mapping(model)
+    monkeypatch.setattr(transformers_kernel_config, "infer_device", lambda model: "cuda")
+    config.create_compatible_mapping(model)
+    assert sorted(config.kernel_mapping) == sorted(LLAMA_HUB_LAYERS)
+    for name, per_device in config.kernel_mapping.items():
+        assert per_device["cuda"][Mode.INFERENCE].load() is getattr(tk.layers, HUB_LAYERS[name])
 
 
 @pytest.mark.gpu
@@ -757,26 +767,24 @@ def test_from_pretrained_with_our_kernel_config_on_gpu(tmp_path, tk):
 
 
 @pytest.mark.gpu
-def test_kernelize_with_our_kernel_mapping_on_gpu(monkeypatch, tk):
-    """kernels' own path, which works whatever transformers accepts: tag the RMSNorm class (what
-    replace_kernel_forward_from_hub does; transformers tags it only when it takes the installed
-    kernels), kernelize with kernel_mapping(): every RMSNorm runs our op, logits within bf16."""
+def test_kernelize_with_our_kernel_mapping_on_gpu(tk):
+    """The README's kernelize snippet as written: transformers marks LlamaRMSNorm itself (the pinned
+    kernels is one it accepts), kernelize with kernel_mapping(): every RMSNorm runs our op, logits
+    within bf16 rounding of eager's."""
     from kernels import Mode, kernelize, use_kernel_mapping
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
     from transformer_kernels_integrations.transformers_models import kernel_mapping
 
-    if getattr(LlamaRMSNorm, "kernel_layer_name", None) is None:
-        monkeypatch.setattr(LlamaRMSNorm, "kernel_layer_name", "RMSNorm", raising=False)
-        monkeypatch.setattr(LlamaRMSNorm, "kernel_condition", staticmethod(lambda module: True), raising=False)
+    assert getattr(LlamaRMSNorm, "kernel_layer_name", None) == "RMSNorm", transformers_takes_installed_kernels()
     model = small_model("llama", torch.bfloat16, "cuda")
     ids = torch.randint(0, 101, (2, 33), device="cuda")
     with torch.no_grad():
         expected = model(ids).logits.float()
     with use_kernel_mapping(kernel_mapping()):
-        kernelize(model, mode=Mode.INFERENCE, device="cuda")
+        model = kernelize(model, mode=Mode.INFERENCE, device="cuda")
     norms = [m for m in model.modules() if isinstance(m, LlamaRMSNorm)]
-    assert all(m.forward.__func__ is tk.layers.RMSNorm.forward for m in norms)
+    assert norms and all(m.forward.__func__ is tk.layers.RMSNorm.forward for m in norms)
     with torch.no_grad(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         out = model(ids).logits.float()
     calls = {e.key: e.count for e in prof.key_averages()}
