@@ -658,20 +658,34 @@ def test_qwen3_fused_attention_matches_eager_on_gpu(tk, attn, merge):
     assert ((compiled.float() - eager).norm() / eager.norm()).item() < 1e-2
 
 
+def hub_function(host):
+    """The function transformers marks for the Hub: kernels >= 0.18 has already wrapped it in a module
+    whose forward takes (*args, **kwargs), holding the function in its closure."""
+    if not isinstance(host, torch.nn.Module):
+        return host
+    forward = type(host).forward
+    return dict(zip(forward.__code__.co_freevars, (c.cell_contents for c in forward.__closure__)))["func"]
+
+
 def test_hub_layers_validate_against_transformers_layers(tk):
-    """kernelize's own validation of each mapped layer against the class (or function) it replaces."""
-    from kernels.layer.layer import _create_func_module, _validate_layer
+    """kernelize's own validation of each mapped layer against the class it replaces; for the hub
+    function (RoPE), our layer's forward takes the function's parameters (names and kinds)."""
+    import inspect
+
+    from kernels.layer.layer import _validate_layer
     from transformers import activations
     from transformers.models.llama import modeling_llama
 
     from transformer_kernels_integrations.transformers_models import HUB_LAYERS, kernel_mapping
 
     hosts = {"RMSNorm": modeling_llama.LlamaRMSNorm, "SiLU": getattr(activations, "SiLUActivation", None),
-             "GeluTanh": getattr(activations, "GELUTanh", None),
-             "rotary_pos_emb": _create_func_module(modeling_llama.apply_rotary_pos_emb)}
+             "GeluTanh": getattr(activations, "GELUTanh", None)}
     for hub_name, layer in HUB_LAYERS.items():
-        if hosts[hub_name] is not None:  # older transformers lack some of the classes
+        if hosts.get(hub_name) is not None:  # older transformers lack some of the classes
             _validate_layer(check_cls=hosts[hub_name], cls=getattr(tk.layers, layer), repo=hub_name)
+    rope = inspect.signature(hub_function(modeling_llama.apply_rotary_pos_emb)).parameters
+    ours = list(inspect.signature(tk.layers.RotaryPosEmb.forward).parameters.values())[1:]  # without self
+    assert [(p.name, p.kind, p.default) for p in ours] == [(p.name, p.kind, p.default) for p in rope.values()]
     assert set(kernel_mapping()) == set(HUB_LAYERS)
 
 

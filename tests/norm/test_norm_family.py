@@ -309,7 +309,7 @@ BAD = {
     "scale_dtype": (lambda t, v: t.norm_modulate(v["x"], v["scale"].float(), v["shift"]), TypeError,
                     "scale must have dtype"),
     "shift_cpu": (lambda t, v: t.norm_modulate(v["x"], v["scale"], v["shift"].cpu()), ValueError,
-                  "shift must be a CUDA tensor"),
+                  r"shift must be on the same device as x \(cuda:0\), got cpu"),
     "norm_name": (lambda t, v: t.norm_modulate(v["x"], v["scale"], v["shift"], norm="group"), ValueError,
                   "norm must be"),
     "rms_with_bias": (lambda t, v: t.norm_modulate(v["x"], v["scale"], v["shift"], bias=v["weight"]), ValueError,

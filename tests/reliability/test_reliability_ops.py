@@ -272,6 +272,8 @@ def test_a_tensor_on_another_device_raises(tk, name, home, other):
     """Each tensor argument in turn on another device than the rest: a ValueError naming that argument
     and its device (and, for the others, x's device: "w must be on the same device as x (cuda:0), got
     cpu"), never a launch reading another device's memory or a fake result of uninitialised memory."""
+    if len(oc.build(name, torch.bfloat16, oc.cases_of(name)[0], "cpu", 17).tensor_positions()) < 2 and other == "meta":
+        pytest.skip(f"{name} takes one tensor: on meta it is a valid call of the fake")
     for call, arg, args in moved_one_at_a_time(tk, name, home, other):
         with pytest.raises(ValueError, match="must be on the same device as|must be a CUDA tensor") as err:
             call(tk, args)

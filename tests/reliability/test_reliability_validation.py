@@ -245,7 +245,8 @@ CACHED = {
     "key_tokens": (lambda t: vllm(t, key=bf(5, 64)), "key must have query's num_tokens 4"),
     "positions_strided": (lambda t: vllm(t, positions=torch.zeros(8, dtype=torch.long, device="cuda")[::2]),
                           "positions must be contiguous with one entry per token"),
-    "positions_cpu": (lambda t: vllm(t, positions=torch.zeros(4, dtype=torch.long)), "positions must be a CUDA tensor"),
+    "positions_cpu": (lambda t: vllm(t, positions=torch.zeros(4, dtype=torch.long)),
+                      r"positions must be on the same device as query \(cuda:0\), got cpu"),
     "positions_empty": (lambda t: vllm(t, positions=torch.zeros(0, dtype=torch.long, device="cuda")),
                         "one entry per token"),
     "query_expanded": (lambda t: vllm(t, query=expanded(4, last=128)), "query must not have overlapping elements"),
@@ -254,7 +255,7 @@ CACHED = {
     "query_overlaps_positions": (lambda t: vllm_query_over(t, "positions"),
                                  "query must not share memory with positions"),
     "cache_cpu": (lambda t: vllm(t, cache=torch.randn(32, 64, dtype=torch.bfloat16)),
-                  "cos_sin_cache must be a CUDA tensor"),
+                  r"cos_sin_cache must be on the same device as query \(cuda:0\), got cpu"),
     "cache_last_dim_strided": (lambda t: vllm(t, cache=bf(64, 32).t()), "cos_sin_cache must be contiguous"),
 }
 

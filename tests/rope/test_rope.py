@@ -590,7 +590,7 @@ BAD = {
                          TypeError, "q must be float32, float16 or bfloat16"),
     "ltx_coords_grid_cpu": (lambda t: t.ltx_rope_from_coords(_bf(1, 4, 64), _bf(1, 4, 64), torch.rand(1, 4, 3),
                                                                    _f32(10)),
-                            ValueError, "grid must be a CUDA tensor"),
+                            ValueError, r"grid must be on the same device as q \(cuda:0\), got cpu"),
     "ltx_coords_cpu": (lambda t: t.ltx_qk_norm_rope_from_coords(torch.randn(1, 4, 64), torch.randn(1, 4, 64),
                                                                 torch.randn(64), torch.randn(64), 1e-6,
                                                                 torch.rand(1, 4, 3), torch.rand(10)),
