@@ -1,6 +1,6 @@
 """Loading the kernel the way users do: through ``kernels``, never by importing the source tree.
 
-From the Hub, ``trust_remote_code=True`` is passed explicitly: ``kernels`` (0.17) refuses a
+From the Hub, ``trust_remote_code=True`` is passed explicitly: ``kernels`` (0.17 on) refuses a
 repository whose organisation is not a trusted Kernel Hub publisher unless it is, and
 ``transformer-kernels`` is not one. Passing it means: you trust this repository's code (the
 compiled extension and its Python files run in your process). With ``LOCAL_KERNELS`` the Hub and
@@ -60,13 +60,68 @@ def load_kernel(local_build: str | os.PathLike | None = None) -> ModuleType:
     import kernels
 
     if local_build is not None:
-        return kernels.get_local_kernel(local_root(local_build) / "build")
+        build = local_root(local_build) / "build"
+        try:
+            return kernels.get_local_kernel(build)
+        except FileNotFoundError as e:
+            mismatch = _build_for_another_environment(build, e)
+            if mismatch is None:
+                raise
+            raise mismatch from e
     try:
         return kernels.get_kernel(REPO_ID, version=VERSION, trust_remote_code=True)
     except Exception as e:  # the Hub unreachable (no network, an offline cache miss), or the repo refused
         if os.environ.get("LOCAL_KERNELS"):
-            raise
+            mismatch = _build_for_another_environment(local_kernels_build(), e)
+            if mismatch is None:
+                raise
+            raise mismatch from e
         raise RuntimeError(hub_load_failure(e)) from e
+
+
+def local_kernels_build() -> Path | None:
+    """The build/ directory LOCAL_KERNELS names for this repository, if it does."""
+    for entry in os.environ.get("LOCAL_KERNELS", "").split(":"):
+        repo, _, path = entry.partition("=")
+        if repo == REPO_ID and path:
+            return Path(path).expanduser() / "build"
+    return None
+
+
+def environment_variant() -> str:
+    """The build variant ``kernels`` loads in this environment: the running torch's version and CUDA
+    (what tools/build_kernel.py names a build made with this interpreter)."""
+    import platform
+
+    import torch
+
+    major, minor = torch.__version__.split("+")[0].split(".")[:2]
+    cuda = "".join(torch.version.cuda.split(".")[:2]) if torch.version.cuda else "none"
+    arch = {"amd64": "x86_64", "arm64": "aarch64"}.get(platform.machine().lower(), platform.machine().lower())
+    return f"torch{major}{minor}-cxx11-cu{cuda}-{arch}-linux"
+
+
+def _build_for_another_environment(build: Path | None, error: BaseException) -> RuntimeError | None:
+    """Where `build` holds builds, none of them for this environment's torch: an error saying which it
+    holds, which this environment needs and the two ways out (kernels' own message lists the variants
+    it rejected, not what to do). None when that is not the failure."""
+    if build is None or not build.is_dir():
+        return None
+    import torch
+
+    variants = sorted(p.name for p in build.iterdir() if (p / "metadata.json").is_file())
+    want = environment_variant()
+    if not variants or want in variants:
+        return None
+    built_for = ", ".join(variants)
+    torches = sorted({v.split("-")[0] for v in variants})
+    pins = " or ".join(f"torch=={t[5]}.{t[6:]}.*" for t in torches if len(t) > 6)
+    message = (f"the local build {build} holds {built_for}, none for this environment: torch {torch.__version__} "
+               f"(CUDA {torch.version.cuda}) loads {want}. A build is made for the torch of the interpreter that "
+               f"runs tools/build_kernel.py: run `python tools/build_kernel.py --archs native` in this environment "
+               f"(pip install cmake ninja; nvcc's CUDA must be {torch.version.cuda}), or install the torch the "
+               f"build was made for ({pins}). kernels said: {error}")
+    return RuntimeError(message)
 
 
 def hub_load_failure(error: BaseException) -> str:

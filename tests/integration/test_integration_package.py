@@ -2,6 +2,7 @@
 directory; installed outside a clone it has no checkout and asks where a local build is."""
 
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -85,4 +86,40 @@ def test_a_failed_hub_load_says_how_to_use_a_local_build(monkeypatch):
     # with LOCAL_KERNELS set, the user chose the local build: its own error, unchanged
     monkeypatch.setenv("LOCAL_KERNELS", "transformer-kernels/transformer-kernels=/nowhere")
     with pytest.raises(ConnectError):
+        loading.load_kernel()
+
+
+def test_a_build_made_in_this_environment_is_the_one_it_loads(variant_dir):
+    """The variant tools/build_kernel.py names a build made with this interpreter is the one the
+    integration (and kernels) load here, and the build of this environment loads through the
+    integration's own local-build path."""
+    import torch
+
+    from tools import build_kernel
+    from transformer_kernels_integrations import loading
+
+    cuda = tuple(int(p) for p in torch.version.cuda.split(".")[:2])
+    assert loading.environment_variant() == build_kernel.variant_name(torch.__version__, cuda) == variant_dir.name
+    tk = loading.load_kernel(local_build=variant_dir.parents[1])
+    assert callable(tk.rms_norm)
+
+
+def test_a_build_for_another_torch_says_which_it_holds_and_how_to_rebuild(tmp_path, monkeypatch, variant_dir):
+    """A clone built in one environment (torch 2.11) used from another (torch 2.15, as `pip install
+    ./integration` brings today): instead of kernels' bare 'Cannot find a build variant', the error names
+    the variants the build holds, the one this torch needs, and the two ways out; kernels' error chained.
+    Both ways of pointing at the build: load_kernel(path) and LOCAL_KERNELS."""
+    pytest.importorskip("kernels")
+    from transformer_kernels_integrations import loading
+
+    other = tmp_path / "build" / "torch299-cxx11-cu130-x86_64-linux"
+    other.mkdir(parents=True)
+    shutil.copy(variant_dir / "metadata.json", other / "metadata.json")
+    expected = (r"holds torch299-cxx11-cu130-x86_64-linux, none for this environment: torch .* loads "
+                + re.escape(loading.environment_variant()) + r".*tools/build_kernel.py --archs native.*torch==2\.99\.\*")
+    with pytest.raises(RuntimeError, match=expected) as info:
+        loading.load_kernel(local_build=tmp_path)
+    assert isinstance(info.value.__cause__, FileNotFoundError)
+    monkeypatch.setenv("LOCAL_KERNELS", f"{loading.REPO_ID}={tmp_path}")
+    with pytest.raises(RuntimeError, match=expected):
         loading.load_kernel()
