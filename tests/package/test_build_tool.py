@@ -145,3 +145,20 @@ def test_self_check_reports_the_python_abi_and_manylinux(tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     assert "Python limited API 3.9: ok" in out.stdout
     assert re.search(r"manylinux_2_28 \(kernel-abi-check\): (ok|this local build needs .+GLIBC \d+\.\d+)", out.stdout)
+
+
+def test_setup_env_is_never_silent_while_pip_works(tmp_path):
+    """scripts/main.sh starts with scripts/setup_env.sh, whose pip installs (the torch and CUDA wheels)
+    took two silent minutes: its with_heartbeat prints a line every TK_HEARTBEAT_S seconds while a step
+    runs, stops with it, and keeps the step's exit status."""
+    from pathlib import Path
+
+    script = Path(bk.__file__).resolve().parents[1] / "scripts" / "setup_env.sh"
+    body = re.search(r"^with_heartbeat\(\) \{.*?^\}", script.read_text(), re.S | re.M).group(0)
+    run = subprocess.run(["bash", "-c", f'set -euo pipefail\n{body}\nwith_heartbeat "waiting" sleep 2.5\n'
+                          'with_heartbeat "failing" false || echo "rc=$?"\nsleep 1.5'],
+                         capture_output=True, text=True, env={"TK_HEARTBEAT_S": "1", "PATH": "/usr/bin:/bin"})
+    lines = run.stderr.splitlines()
+    assert run.returncode == 0 and run.stdout.strip() == "rc=1", (run.stdout, run.stderr)
+    assert 2 <= sum(line.startswith("setup_env: still waiting (") for line in lines) <= 3, lines
+    assert not any("still failing" in line for line in lines), lines  # stopped with its step
