@@ -28,8 +28,9 @@ def main() -> None:
     gate_up = torch.randn(8, 2 * 14336, device="cuda", dtype=torch.bfloat16)
     print("silu_and_mul:", tk.silu_and_mul(gate_up).shape)
 
-    # kernelize: transformers' RMSNorm modules carry use_kernel_forward_from_hub("RMSNorm") only when
-    # transformers accepts the installed kernels version; tag the class here so it works either way
+    # kernelize: transformers' RMSNorm modules carry use_kernel_forward_from_hub("RMSNorm") when
+    # transformers accepts the installed kernels (transformers 5.24 with the pinned kernels 0.18.3);
+    # with another kernels, tag the class here so it works either way
     from transformers import LlamaConfig, LlamaForCausalLM
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
