@@ -38,12 +38,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 
-# Compute capabilities we ship SASS for: T4 (7.5), A100 (8.0), A10/3090 (8.6), H100/H200 (9.0),
-# B200 (10.0), RTX 50 (12.0), and the newest's PTX for later GPUs; intersected with what nvcc supports.
-# L4/4090 (8.9) run the 8.6 cubin (same major: binary compatible): nvcc 13 emits the same machine
-# code for sm_86 and sm_89 (encodings compared, workshop/compare_sass.py --encodings), so a sm_89
-# cubin would only add build time and size (benchmarks/NOTES.md §Build size and instantiations).
-RELEASE_CAPABILITIES = ["7.5", "8.0", "8.6", "9.0", "10.0", "12.0"]
+# Compute capabilities we ship SASS for: T4 (7.5), A100 (8.0), A10/3090 (8.6), L4/L40S/4090 (8.9),
+# H100/H200 (9.0), B200 (10.0), RTX 50 (12.0), and the newest's PTX for later GPUs; intersected with
+# what nvcc supports. 8.9 has its own: its e4m3 conversions are instructions (F2FP ... E4M3), which
+# sm_86 code emulates in software, and the FP8 kernels (quantize_fp8, the norms' FP8 outputs,
+# decode_linear's e4m3 weights) are what Ada GPUs are for (benchmarks/NOTES.md §Build size).
+RELEASE_CAPABILITIES = ["7.5", "8.0", "8.6", "8.9", "9.0", "10.0", "12.0"]
 
 KERNEL_NAME_RE = re.compile(r"^[a-z][-a-z0-9]*[a-z0-9]$")
 EDITION = 5

@@ -262,3 +262,32 @@ def test_a_gpu_without_code_is_named_with_the_build_s_archs(variant_dir):
     binary = next(variant_dir.glob("*.abi3.so")).read_bytes()
     assert b"this build has no code for the GPU in use" in binary
     assert arch_list + b"\0" in binary, f"the archs {arch_list!r} are not in the extension"
+
+
+def sass_by_kernel(tool: str, so: Path, arch: str) -> dict[str, str]:
+    """{mangled kernel name: its SASS} for one arch of the extension."""
+    listing = subprocess.run([tool, "-sass", "-arch", arch, str(so)], capture_output=True, text=True, check=True).stdout
+    parts = re.split(r"^\s*Function : (\S+)\s*$", listing, flags=re.M)
+    return dict(zip(parts[1::2], parts[2::2]))
+
+
+E4M3_INSTRUCTION = re.compile(r"\bF2FP\.\S*E4M3")
+
+
+def test_ada_sass_converts_to_fp8_in_hardware(variant_dir):
+    """8.9 has SASS of its own for its FP8 kernels: there quantize_fp8's conversions to e4m3 are
+    instructions (F2FP ... E4M3), which sm_86 code, what an L4 or RTX 40 ran before, emulates."""
+    tool = _cuobjdump()
+    if tool is None:
+        pytest.skip("no cuobjdump on PATH or in triton")
+    archs = [a.removesuffix("+PTX") for a in json.loads((variant_dir / "metadata.json").read_text())["backend"]["archs"]]
+    if "8.9" not in archs:
+        pytest.skip(f"a build without 8.9 ({archs}); CI's build for every arch has it")
+    so = next(variant_dir.glob("*.abi3.so"))
+    ada = {k: v for k, v in sass_by_kernel(tool, so, "sm_89").items() if "quantize_fp8_body" in k}
+    assert ada, "no quantize_fp8 kernel in the sm_89 code"
+    assert all(E4M3_INSTRUCTION.search(sass) for sass in ada.values()), [k for k, v in ada.items()
+                                                                          if not E4M3_INSTRUCTION.search(v)]
+    if "8.6" in archs:
+        ampere = {k: v for k, v in sass_by_kernel(tool, so, "sm_86").items() if k in ada}
+        assert ampere.keys() == ada.keys() and not any(E4M3_INSTRUCTION.search(v) for v in ampere.values())
