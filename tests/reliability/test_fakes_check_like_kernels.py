@@ -244,3 +244,59 @@ def test_a_cpu_tensor_beside_a_meta_one_is_refused_not_faked(tk):
     with pytest.raises(ValueError, match=r"linear_fp8: x_scale must be on the same device as x \(cpu\), got meta"):
         tk.linear_fp8(torch.empty(4, 64, dtype=torch.float8_e4m3fn), torch.empty(4, 1, device="meta"),
                       torch.empty(32, 64, device="meta", dtype=torch.float8_e4m3fn), torch.empty(32, 1, device="meta"))
+
+
+def test_a_trace_gives_inductor_a_direct_fallback_for_every_op(tk):
+    """Inductor lowers an op it has no lowering for through an 'implicit fallback' whose log line
+    formats the op's input IR eagerly, a string exponential in the depth of the graph behind it:
+    torch.compile of a whole injected LTX-Video transformer (28 blocks of our ops) never finished its
+    first call on an H100 (2026-12-06: the main thread in ir.py's __str__, recursively). The first
+    fake call on fake tensors registers every op of the build with inductor, with the layout
+    constraint the implicit path would give it, so that path is never taken. (The compile itself is
+    the GPU test's: tests/integration/test_integration_diffusers.py.)"""
+    lowering = pytest.importorskip("torch._inductor.lowering")
+    from torch._library.utils import get_layout_constraint_tag
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        tk.rms_norm(torch.empty(7, 128, dtype=torch.float16), None, 1e-5)
+    prefix = tk.add_op_namespace_prefix("")
+    ours = [n for n in torch._C._dispatch_get_all_op_names() if n.startswith(prefix)]
+    assert len(ours) > 50, ours
+    for qualified in ours:
+        name, _, overload = qualified[len(prefix):].partition(".")
+        op = getattr(getattr(tk.ops, name), overload or "default")
+        assert op in lowering.lowerings, f"{qualified}: inductor would take its implicit fallback"
+        expected = lowering.tag_to_layout_constraint(get_layout_constraint_tag(op, with_default=True))
+        assert lowering.maybe_layout_constraints(op) is expected, qualified
+
+
+DEEP_CHAIN = """
+import sys, time, torch, kernels
+tk = kernels.get_kernel(sys.argv[1], version=int(sys.argv[2]))
+def chain(h, w, g):
+    for _ in range(32):  # each step reads h twice: the implicit fallback's string doubles a step
+        h = tk.ops.gated_add(h, tk.ops.rms_norm(h, w, 1e-6, "hf"), g)
+    return h
+x, w, g = (torch.randn(*s, device="cuda", dtype=torch.bfloat16) for s in ((8, 256), (256,), (256,)))
+start = time.perf_counter()
+out = torch.compile(chain, fullgraph=True)(x, w, g)
+torch.cuda.synchronize()
+assert torch.equal(out, chain(x, w, g)), "compiled chain differs from eager"
+print(f"compiled in {time.perf_counter() - start:.1f} s")
+"""
+
+
+@pytest.mark.gpu
+def test_compiling_a_deep_graph_of_our_ops_ends(tk):
+    """The hang itself, in a child process with a time limit: a chain of 32 (rms_norm, gated_add)
+    steps, each reading the previous output twice, compiles with inductor in seconds (the implicit
+    fallback's string of it would have 2^32 terms) and gives eager's bits."""
+    import subprocess
+    import sys
+
+    from conftest import REPO_ID, VERSION
+
+    run = subprocess.run([sys.executable, "-c", DEEP_CHAIN, REPO_ID, str(VERSION)], capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0 and "compiled in" in run.stdout, run.stdout + run.stderr[-3000:]

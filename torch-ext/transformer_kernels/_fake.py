@@ -13,6 +13,12 @@ a CPU tensor beside meta ones would otherwise get a fake result of uninitialised
 the stand-ins cannot show is checked at run time only: whether outputs share memory with inputs
 (meta tensors have no addresses), the pointer alignment the kernels' plans depend on, and arguments
 with symbolic sizes (``dynamic=True``) or on the CPU (the CPU paths check themselves).
+
+The first fake call on fake tensors (a trace: torch.compile, export) also registers every op of this
+build with inductor as a fallback (``register_inductor_fallbacks``), so that inductor never takes its
+"implicit fallback" path for them, whose log line stringifies the op's input IR eagerly: on a graph as
+deep as a whole LTX-Video transformer (28 blocks of our ops) that string grows exponentially and the
+first call of ``torch.compile(model)`` never ended (torch 2.11).
 """
 
 from __future__ import annotations
@@ -86,11 +92,49 @@ def check_like_the_kernel(name: str, args: tuple, kwargs: dict) -> None:
         getattr(ops, name).default.redispatch(_CUDA_KERNEL, *_stand_ins(args), **_stand_ins(kwargs))
 
 
+_inductor_fallbacks_registered = False
+
+
+def register_inductor_fallbacks() -> bool:
+    """Registers every op of this build's namespace with inductor as the fallback (an extern call of
+    the op) inductor would make of it implicitly, with the same layout constraint, but without its
+    implicit path's eager ``log.info(..., operator_str(target, args, kwargs))``: that formats the
+    inputs' IR, a string exponential in the depth of the graph behind them (whole-model compiles of
+    LTX-Video hung there). Once per process; False where this torch's inductor lacks the pieces."""
+    global _inductor_fallbacks_registered
+    if _inductor_fallbacks_registered:
+        return True
+    try:
+        from torch._inductor.lowering import lowerings, make_fallback, tag_to_layout_constraint
+        from torch._library.utils import get_layout_constraint_tag
+    except ImportError:
+        return False
+    prefix = add_op_namespace_prefix("")
+    for qualified in torch._C._dispatch_get_all_op_names():
+        if not qualified.startswith(prefix):
+            continue
+        name, _, overload = qualified[len(prefix):].partition(".")
+        op = getattr(getattr(ops, name), overload or "default")
+        if op not in lowerings:
+            constraint = tag_to_layout_constraint(get_layout_constraint_tag(op, with_default=True))
+            make_fallback(op, layout_constraint=constraint)
+    _inductor_fallbacks_registered = True
+    return True
+
+
+def _traced(args: tuple, kwargs: dict) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return any(isinstance(a, FakeTensor) for a in (*args, *kwargs.values()))
+
+
 def register_fake(name: str):
     """``torch.library.register_fake`` for op `name`, the kernel's checks first."""
 
     def register(fake):
         def checked_fake(*args, **kwargs):
+            if not _inductor_fallbacks_registered and _traced(args, kwargs):
+                register_inductor_fallbacks()
             check_like_the_kernel(name, args, kwargs)
             return fake(*args, **kwargs)
 
