@@ -134,7 +134,10 @@ def register_fake(name: str):
     def register(fake):
         def checked_fake(*args, **kwargs):
             if not _inductor_fallbacks_registered and _traced(args, kwargs):
-                register_inductor_fallbacks()
+                from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+                with unset_fake_temporarily():  # inductor's modules import outside the trace's fake mode
+                    register_inductor_fallbacks()
             check_like_the_kernel(name, args, kwargs)
             return fake(*args, **kwargs)
 
