@@ -92,7 +92,7 @@ def check_like_the_kernel(name: str, args: tuple, kwargs: dict) -> None:
         getattr(ops, name).default.redispatch(_CUDA_KERNEL, *_stand_ins(args), **_stand_ins(kwargs))
 
 
-_inductor_fallbacks_registered = False
+_inductor_fallbacks_tried = False
 
 
 def register_inductor_fallbacks() -> bool:
@@ -100,10 +100,9 @@ def register_inductor_fallbacks() -> bool:
     the op) inductor would make of it implicitly, with the same layout constraint, but without its
     implicit path's eager ``log.info(..., operator_str(target, args, kwargs))``: that formats the
     inputs' IR, a string exponential in the depth of the graph behind them (whole-model compiles of
-    LTX-Video hung there). Once per process; False where this torch's inductor lacks the pieces."""
-    global _inductor_fallbacks_registered
-    if _inductor_fallbacks_registered:
-        return True
+    LTX-Video hung there). Tried once per process; False where this torch's inductor lacks the pieces."""
+    global _inductor_fallbacks_tried
+    _inductor_fallbacks_tried = True
     try:
         from torch._inductor.lowering import lowerings, make_fallback, tag_to_layout_constraint
         from torch._library.utils import get_layout_constraint_tag
@@ -118,7 +117,6 @@ def register_inductor_fallbacks() -> bool:
         if op not in lowerings:
             constraint = tag_to_layout_constraint(get_layout_constraint_tag(op, with_default=True))
             make_fallback(op, layout_constraint=constraint)
-    _inductor_fallbacks_registered = True
     return True
 
 
@@ -133,7 +131,7 @@ def register_fake(name: str):
 
     def register(fake):
         def checked_fake(*args, **kwargs):
-            if not _inductor_fallbacks_registered and _traced(args, kwargs):
+            if not _inductor_fallbacks_tried and _traced(args, kwargs):
                 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
                 with unset_fake_temporarily():  # inductor's modules import outside the trace's fake mode
