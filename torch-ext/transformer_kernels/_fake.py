@@ -63,11 +63,10 @@ def _named_tensors(name: str, args: tuple, kwargs: dict) -> list[tuple[str, torc
     return named
 
 
-def check_devices(name: str, args: tuple, kwargs: dict) -> None:
-    """Every tensor argument of op `name` on the device of its first input (outputs, ``out=`` and in
-    place, are checked against it too): the kernels' ValueError (check_same_device in
-    csrc/common/checks.h), naming the argument and both devices."""
-    named = _named_tensors(name, args, kwargs)
+def check_devices(name: str, named: list[tuple[str, torch.Tensor, bool]]) -> None:
+    """Every tensor argument of op `name` (``named``: ``_named_tensors``) on the device of its first
+    input (outputs, ``out=`` and in place, are checked against it too): the kernels' ValueError
+    (check_same_device in csrc/common/checks.h), naming the argument and both devices."""
     inputs = [(n, t) for n, t, written in named if not written] or [(n, t) for n, t, _ in named]
     if not inputs:
         return
@@ -80,8 +79,9 @@ def check_devices(name: str, args: tuple, kwargs: dict) -> None:
 def check_like_the_kernel(name: str, args: tuple, kwargs: dict) -> None:
     """Runs op `name`'s device check, then its C++ checks on meta stand-ins of `args` (see the
     module docstring)."""
-    check_devices(name, args, kwargs)
-    tensors = [t for _, t, _ in _named_tensors(name, args, kwargs)]
+    named = _named_tensors(name, args, kwargs)
+    check_devices(name, named)
+    tensors = [t for _, t, _ in named]
     if any(t.device.type == "cpu" for t in tensors) or not all(_concrete(t) for t in tensors):
         return
     if not torch._C._dispatch_has_kernel_for_dispatch_key(add_op_namespace_prefix(name), "CUDA"):
