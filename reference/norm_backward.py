@@ -30,7 +30,7 @@ def gated_add_norm_modulate_float64(x, y, gate, scale, shift=None, norm: str = "
     h64 = x.double() + (y.double() if gate is None else gate.double() * y.double())
     if h is not None:
         h64 = h.double() + (h64 - h64.detach())
-    return h64, norm_modulate_float64(h64, scale, shift, norm, weight, bias, eps)
+    return norm_modulate_float64(h64, scale, shift, norm, weight, bias, eps), h64  # the op's order: (out, h)
 
 
 def qk_norm_rope_float64(x, weight, eps, cos, sin, style: str):

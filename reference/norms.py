@@ -84,6 +84,7 @@ def diffusers_norm_modulate(x, scale, shift=None, norm: str = "rms", weight=None
 def ltx_gated_add_norm_modulate(x, y, gate, scale, shift=None, norm: str = "rms", weight=None, bias=None,
                                 eps: float = 1e-6):
     """LTX-Video's ``hidden_states = hidden_states + attn_hidden_states * gate_msa`` (or the ungated
-    ``hidden_states + attn_hidden_states`` of its cross-attention, ``gate=None``), then the next AdaLN."""
+    ``hidden_states + attn_hidden_states`` of its cross-attention, ``gate=None``), then the next AdaLN:
+    ``(out, h)``, the order of ``gated_add_norm_modulate`` (the residual stream last)."""
     h = x + y if gate is None else x + y * gate
-    return h, diffusers_norm_modulate(h, scale, shift, norm, weight, bias, eps)
+    return diffusers_norm_modulate(h, scale, shift, norm, weight, bias, eps), h

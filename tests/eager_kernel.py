@@ -137,8 +137,8 @@ def _fp8(values):
     return tuple(t.contiguous() for t in quantize_fp8_rowwise(values))
 
 
-def _gated_fp8(h, out):
-    return (h, *_fp8(out))
+def _gated_fp8(out, h):
+    return (*_fp8(out), h)
 
 
 def _linear_fp8(x, x_scale, weight, weight_scale, bias, out_dtype, activation):
@@ -269,14 +269,14 @@ def _norm_modulate_eager(norm, eps):
     return lambda x, sc, sh, w, b: diffusers_norm_modulate(x, sc, sh, norm, w, b, eps)
 
 
-def _gated_add_norm_modulate_backward(grad_h, grad_out, h, y, gate, scale, shift, w, b, eps, norm, mask):
+def _gated_add_norm_modulate_backward(grad_out, grad_h, h, y, gate, scale, shift, w, b, eps, norm, mask):
     # h = x + gate * y (x + y without a gate): x from h, so that the same code differentiates
     x = h.float() - (y.float() if gate is None else gate.float() * y.float())
     forward = (lambda x_, y_, g_, sc, sh, w_, b_:
                ltx_gated_add_norm_modulate(x_, y_, g_, sc, sh, norm, w_, b_, eps))
     want_dx = mask[0] or (mask[1] and gate is None)
     wanted = [want_dx, mask[1] and gate is not None, *mask[2:]]
-    dx, dy, *rest = _vjp(forward, (x, y, gate, scale, shift, w, b), (grad_h, grad_out), wanted, h)
+    dx, dy, *rest = _vjp(forward, (x, y, gate, scale, shift, w, b), (grad_out, grad_h), wanted, h)
     return (dx.to(h.dtype) if want_dx else dx, dy, *rest)
 
 

@@ -240,7 +240,7 @@ def _norm_entries():
         def build(m, case):
             (x, y, g, scale, shift, w, b, eps, n), _ = gated(norm, gate)(m, case)
             lay = _rows(m, case)[1]
-            grads = [m.tensor(x.shape, lay, scale=1.0, offset=0.0) for _ in range(2)]  # grad_h, grad_out
+            grads = [m.tensor(x.shape, lay, scale=1.0, offset=0.0) for _ in range(2)]  # grad_out, grad_h
             h = x  # the saved sum h (any values: the backward reads h, not x)
             return (*grads, h, y, g, scale, shift, w, b, eps, n, [True] * 7), ()
         return build

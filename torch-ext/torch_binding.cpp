@@ -83,10 +83,11 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
           " -> Tensor");
   ops.def("norm_modulate_out(Tensor! out, Tensor x, Tensor scale, Tensor? shift, Tensor? weight, Tensor? bias,"
           " float eps, str norm) -> ()");
-  // DiT block: h = x + gate * y (x + y without a gate); out = norm(h) * (1 + scale) + shift; -> (h, out).
+  // DiT block: h = x + gate * y (x + y without a gate); out = norm(h) * (1 + scale) + shift; -> (out, h):
+  // like fused_add_rms_norm, the normalized output first and the residual stream last.
   ops.def("gated_add_norm_modulate(Tensor x, Tensor y, Tensor? gate, Tensor scale, Tensor? shift, Tensor? weight,"
           " Tensor? bias, float eps, str norm) -> (Tensor, Tensor)");
-  ops.def("gated_add_norm_modulate_out(Tensor! h_out, Tensor! out, Tensor x, Tensor y, Tensor? gate, Tensor scale,"
+  ops.def("gated_add_norm_modulate_out(Tensor! out, Tensor! h_out, Tensor x, Tensor y, Tensor? gate, Tensor scale,"
           " Tensor? shift, Tensor? weight, Tensor? bias, float eps, str norm) -> ()");
   // The same norms with an FP8 output: the output in x's dtype quantized per row as quantize_fp8 does
   // (codes float8_e4m3fn, scale [..., 1] float32) in the same pass: the next FP8 GEMM's input.
@@ -100,15 +101,15 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
           " Tensor? bias, float eps, str norm) -> (Tensor, Tensor, Tensor)");
 
   // act(x), act "silu" | "gelu" | "gelu_tanh", as F.silu / F.gelu compute it.
-  ops.def("activation(Tensor x, str act) -> Tensor");
-  ops.def("activation_out(Tensor! out, Tensor x, str act) -> ()");
+  ops.def("activation(Tensor x, str activation) -> Tensor");
+  ops.def("activation_out(Tensor! out, Tensor x, str activation) -> ()");
   // Gated linear unit on a concatenated projection [..., 2H] -> [..., H]: act(first) * second
   // (vLLM's silu_and_mul) or first * act(second) (diffusers' GEGLU order), rounding as eager.
-  ops.def("act_and_mul(Tensor x, str act, bool act_first) -> Tensor");
-  ops.def("act_and_mul_out(Tensor! out, Tensor x, str act, bool act_first) -> ()");
+  ops.def("act_and_mul(Tensor x, str activation, bool act_first) -> Tensor");
+  ops.def("act_and_mul_out(Tensor! out, Tensor x, str activation, bool act_first) -> ()");
   // The same on two tensors: act(gate) * up (transformers' LlamaMLP).
-  ops.def("act_mul(Tensor gate, Tensor up, str act) -> Tensor");
-  ops.def("act_mul_out(Tensor! out, Tensor gate, Tensor up, str act) -> ()");
+  ops.def("act_mul(Tensor gate, Tensor up, str activation) -> Tensor");
+  ops.def("act_mul_out(Tensor! out, Tensor gate, Tensor up, str activation) -> ()");
   // DiT gated residual without a following norm: x + gate * y, gate broadcast.
   ops.def("gated_add(Tensor x, Tensor y, Tensor gate) -> Tensor");
   ops.def("gated_add_out(Tensor! out, Tensor x, Tensor y, Tensor gate) -> ()");
@@ -168,7 +169,7 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   // Per-row dynamic FP8 (e4m3) quantization: x ~ codes * scale, scale [..., 1] float32 (amax / 448).
   ops.def("quantize_fp8(Tensor x) -> (Tensor, Tensor)");
   // quantize_fp8(act_mul(gate, up, act)) in one pass: a gated MLP's down-projection input in FP8.
-  ops.def("act_mul_fp8(Tensor gate, Tensor up, str act) -> (Tensor, Tensor)");
+  ops.def("act_mul_fp8(Tensor gate, Tensor up, str activation) -> (Tensor, Tensor)");
 
   // Every op is registered for CPU too, with the same entry point: CPU tensors then fail with a
   // clear "must be a CUDA tensor" instead of the dispatcher's "no kernel for CPU".
@@ -230,7 +231,7 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
           " bool[3] output_mask) -> (Tensor, Tensor, Tensor)");
   ops.def("norm_modulate_backward(Tensor grad_out, Tensor x, Tensor scale, Tensor? shift, Tensor? weight,"
           " Tensor? bias, float eps, str norm, bool[5] output_mask) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
-  ops.def("gated_add_norm_modulate_backward(Tensor? grad_h, Tensor grad_out, Tensor h, Tensor y, Tensor? gate,"
+  ops.def("gated_add_norm_modulate_backward(Tensor grad_out, Tensor? grad_h, Tensor h, Tensor y, Tensor? gate,"
           " Tensor scale, Tensor? shift, Tensor? weight, Tensor? bias, float eps, str norm, bool[7] output_mask)"
           " -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
   ops.def("gated_add_backward(Tensor grad_out, Tensor y, Tensor gate, bool[2] output_mask) -> (Tensor, Tensor)");
@@ -258,9 +259,9 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   // ---- training: backward of the activations and the out-of-place rotations; fused linear cross-entropy ----
   // The gradients of act(x), act_and_mul(x) and act_mul(gate, up) given the output's gradient `grad`
   // (the activation recomputed from the saved input; eager autograd's rounding).
-  ops.def("activation_backward(Tensor grad, Tensor x, str act) -> Tensor");
-  ops.def("act_and_mul_backward(Tensor grad, Tensor x, str act, bool act_first) -> Tensor");
-  ops.def("act_mul_backward(Tensor grad, Tensor gate, Tensor up, str act) -> (Tensor, Tensor)");
+  ops.def("activation_backward(Tensor grad, Tensor x, str activation) -> Tensor");
+  ops.def("act_and_mul_backward(Tensor grad, Tensor x, str activation, bool act_first) -> Tensor");
+  ops.def("act_mul_backward(Tensor grad, Tensor gate, Tensor up, str activation) -> (Tensor, Tensor)");
   // The gradients of q and k of `rope` / `ltx_rope_from_coords`: the rotation by -theta (the forward
   // kernels with the sines transposed). The tables, grid and freqs get none.
   ops.def("rope_backward(Tensor grad_q, Tensor grad_k, Tensor cos, Tensor sin, str style, bool fp32_math) "

@@ -375,10 +375,10 @@ std::tuple<at::Tensor, at::Tensor> gated_add_norm_modulate(const at::Tensor& x, 
   at::Tensor h = empty_like_rows(x, x.scalar_type());
   at::Tensor out = empty_like_rows(x, x.scalar_type());
   launch_norm_call(gated_call(op, type, x, y, gate, scale, shift, weight, bias, eps, out, h));
-  return {h, out};
+  return {out, h};
 }
 
-void gated_add_norm_modulate_out(at::Tensor& h_out, at::Tensor& out, const at::Tensor& x, const at::Tensor& y,
+void gated_add_norm_modulate_out(at::Tensor& out, at::Tensor& h_out, const at::Tensor& x, const at::Tensor& y,
                                  const OptTensor& gate, const at::Tensor& scale, const OptTensor& shift,
                                  const OptTensor& weight, const OptTensor& bias, double eps, std::string_view norm) {
   constexpr const char* op = "gated_add_norm_modulate";
@@ -457,7 +457,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gated_add_norm_modulate_fp8(
   Fp8Rows rows = empty_fp8_rows(x);
   at::Tensor h = empty_like_rows(x, x.scalar_type());
   launch_fp8(gated_call(op, type, x, y, gate, scale, shift, weight, bias, eps, std::get<0>(rows), h), rows);
-  return {h, std::get<0>(rows), std::get<1>(rows)};
+  return {std::get<0>(rows), std::get<1>(rows), h};
 }
 
 // The entry points defined above are the ones ops.h declares: a definition with another signature

@@ -331,7 +331,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> norm_modu
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
-gated_add_norm_modulate_backward(const OptTensor& grad_h, const at::Tensor& grad_out, const at::Tensor& h,
+gated_add_norm_modulate_backward(const at::Tensor& grad_out, const OptTensor& grad_h, const at::Tensor& h,
                                  const at::Tensor& y, const OptTensor& gate, const at::Tensor& scale,
                                  const OptTensor& shift, const OptTensor& weight, const OptTensor& bias, double eps,
                                  std::string_view norm, std::array<bool, 7> output_mask) {

@@ -41,7 +41,7 @@ std::tuple<at::Tensor, at::Tensor> gated_add_norm_modulate(
     const at::Tensor& x, const at::Tensor& y, const std::optional<at::Tensor>& gate, const at::Tensor& scale,
     const std::optional<at::Tensor>& shift, const std::optional<at::Tensor>& weight,
     const std::optional<at::Tensor>& bias, double eps, std::string_view norm);
-void gated_add_norm_modulate_out(at::Tensor& h_out, at::Tensor& out, const at::Tensor& x, const at::Tensor& y,
+void gated_add_norm_modulate_out(at::Tensor& out, at::Tensor& h_out, const at::Tensor& x, const at::Tensor& y,
                                  const std::optional<at::Tensor>& gate, const at::Tensor& scale,
                                  const std::optional<at::Tensor>& shift, const std::optional<at::Tensor>& weight,
                                  const std::optional<at::Tensor>& bias, double eps, std::string_view norm);
@@ -60,7 +60,7 @@ std::tuple<at::Tensor, at::Tensor> norm_modulate_fp8(const at::Tensor& x, const 
                                                      const std::optional<at::Tensor>& weight,
                                                      const std::optional<at::Tensor>& bias, double eps,
                                                      std::string_view norm);
-// -> (h, codes, scale)
+// -> (codes, scale, h)
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gated_add_norm_modulate_fp8(
     const at::Tensor& x, const at::Tensor& y, const std::optional<at::Tensor>& gate, const at::Tensor& scale,
     const std::optional<at::Tensor>& shift, const std::optional<at::Tensor>& weight,
@@ -97,7 +97,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> norm_modu
 // h: the forward's h output. -> (grad_x, grad_y (empty without a gate: it is grad_x),
 // grad_gate, grad_scale, grad_shift, grad_weight, grad_bias)
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
-gated_add_norm_modulate_backward(const std::optional<at::Tensor>& grad_h, const at::Tensor& grad_out,
+gated_add_norm_modulate_backward(const at::Tensor& grad_out, const std::optional<at::Tensor>& grad_h,
                                  const at::Tensor& h, const at::Tensor& y, const std::optional<at::Tensor>& gate,
                                  const at::Tensor& scale, const std::optional<at::Tensor>& shift,
                                  const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,

@@ -51,7 +51,7 @@ def test_matches_float64(tk, dtype, n, k, fp8):
     for rows in (1, 2, 3, 4, 5, 8):
         x = random_input((rows, 1, k), dtype, scale=1.0, offset=0.0)
         for b in (bias, None):
-            out = with_poisoned_outputs(lambda: (tk.decode_linear(x, weight, b, scale),),
+            out = with_poisoned_outputs(lambda: (tk.decode_linear(x, weight, scale, b),),
                                         torch.empty(rows, 1, n, dtype=dtype, device="cuda"))[0]
             assert out.shape == (rows, 1, n) and out.dtype == dtype
             check(out, x, weight, scale, b)

@@ -30,9 +30,9 @@ pytestmark = pytest.mark.usefixtures("stand_ins_take_cpu_tensors")
 # The kernel API, implemented with the eager code each op replaces.
 EAGER_TK = SimpleNamespace(
     layers=EAGER_LAYERS,
-    norm_modulate=lambda x, scale, shift=None, norm="rms", weight=None, bias=None, eps=1e-6:
+    norm_modulate=lambda x, scale, shift=None, weight=None, bias=None, eps=1e-6, norm="rms":
         diffusers_norm_modulate(x, scale, shift, norm, weight, bias, eps),
-    gated_add_norm_modulate=lambda x, y, gate, scale, shift=None, norm="rms", weight=None, bias=None, eps=1e-6:
+    gated_add_norm_modulate=lambda x, y, gate, scale, shift=None, weight=None, bias=None, eps=1e-6, norm="rms":
         ltx_gated_add_norm_modulate(x, y, gate, scale, shift, norm, weight, bias, eps),
     gated_add=lambda x, y, gate: eager_gated_add(x, y, gate),
     gelu=lambda x, approximate="none": eager_activation(x, "gelu" if approximate == "none" else "gelu_tanh"),

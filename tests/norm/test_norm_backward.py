@@ -96,7 +96,7 @@ def test_closed_form_gated_add_matches_autograd(gate_shape):
     dh_in, dout = (torch.randn(B, S, D, generator=g, dtype=torch.float64) for _ in range(2))
     xl, yl = x.clone().requires_grad_(True), y.clone().requires_grad_(True)
     gl = None if gate is None else gate.clone().requires_grad_(True)
-    h, out = gated_add_norm_modulate_float64(xl, yl, gl, scale, None, "rms")
+    out, h = gated_add_norm_modulate_float64(xl, yl, gl, scale, None, "rms")
     torch.autograd.backward((h, out), (dh_in, dout))
     dh = norm_backward_float64(dout, h.detach(), "rms", scale=scale)[0] + dh_in
     dx, dy, dgate = gated_add_backward_float64(dh, y, gate)
@@ -111,7 +111,7 @@ def test_straight_through_h_keeps_the_gradient_path():
     while the gradient flows to x, y and gate as through the exact sum."""
     x, y, gate = (torch.randn(2, 3, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
     h_rounded = (x + gate * y).detach().to(torch.bfloat16)
-    h, _ = gated_add_norm_modulate_float64(x, y, gate, torch.zeros(8, dtype=torch.float64), h=h_rounded)
+    _, h = gated_add_norm_modulate_float64(x, y, gate, torch.zeros(8, dtype=torch.float64), h=h_rounded)
     assert torch.equal(h.detach(), h_rounded.double())
     h.sum().backward()
     assert torch.equal(x.grad, torch.ones_like(x)) and torch.equal(y.grad, gate.detach())
@@ -185,7 +185,7 @@ def test_backward_ops_fake_shapes_follow_output_mask(tk):
     assert dx.shape == (0,) and dw.shape == (64,) and db.shape == (0,)
     s = torch.empty(2, 1, 64, **meta)
     x3 = torch.empty(2, 2, 64, **meta)
-    outs = tk.ops.gated_add_norm_modulate_backward(None, x3, x3, x3, None, s, None, None, None, EPS, "rms",
+    outs = tk.ops.gated_add_norm_modulate_backward(x3, None, x3, x3, None, s, None, None, None, EPS, "rms",
                                                    [False, True, False, True, False, False, False])
     assert outs[0].shape == x3.shape and outs[1].shape == (0,) and outs[3].shape == s.shape
     with pytest.raises(Exception, match="norm must be"):
@@ -407,13 +407,13 @@ def test_gated_add_norm_modulate_backward(tk, norm, gate_kind, dtype, B, S, D):
     gate = None if gate_kind is None else modulation(gate_kind, B, S, D, dtype)
     scale, shift = modulation("B1D view", B, S, D, dtype), modulation("D", B, S, D, dtype)
     inputs = grad_inputs(x, y, gate, scale, shift)
-    h, out = tk.gated_add_norm_modulate(*inputs, norm=norm, eps=EPS)
-    d_h, d_out = (random_input(t.shape, dtype, scale=1.0, offset=0.0) for t in (h, out))
-    grads = grads_of((h, out), inputs, (d_h, d_out))
+    out, h = tk.gated_add_norm_modulate(*inputs, norm=norm, eps=EPS)
+    d_out, d_h = (random_input(t.shape, dtype, scale=1.0, offset=0.0) for t in (out, h))
+    grads = grads_of((out, h), inputs, (d_out, d_h))
     refs = [f64(t) for t in (x, y, gate, scale, shift)]
     # the forward's h, detached: its graph was freed by grads_of (a backward through it would raise)
-    h64, out64 = gated_add_norm_modulate_float64(*refs, norm=norm, eps=EPS, h=h.detach())
-    torch.autograd.backward((h64, out64), (d_h.double(), d_out.double()))
+    out64, h64 = gated_add_norm_modulate_float64(*refs, norm=norm, eps=EPS, h=h.detach())
+    torch.autograd.backward((out64, h64), (d_out.double(), d_h.double()))
     for got, ref, name in zip(grads, refs, ("dx", "dy", "dgate", "dscale", "dshift")):
         if ref is not None:
             assert_grad(got, ref.grad, f"{name} (gate {gate_kind})", dtype, sums=B * S)

@@ -177,14 +177,14 @@ def test_gated_add_norm_modulate(tk, norm, dtype, mod, hidden):
     gate = None if mod == "no_gate" else modulation_shapes(B, S, hidden)[mod](dtype)[0]
     h, out = poisoned(x.shape, dtype), poisoned(x.shape, dtype)
     res = tk.gated_add_norm_modulate(x, y, gate, scale, shift, norm=norm, eps=EPS, h_out=h, out=out)
-    assert res[0] is h and res[1] is out
+    assert res[0] is out and res[1] is h
     assert_all_written(h, out)
-    eager_h, eager_out = ltx_gated_add_norm_modulate(x, y, gate, scale, shift, norm, eps=EPS)
+    eager_out, eager_h = ltx_gated_add_norm_modulate(x, y, gate, scale, shift, norm, eps=EPS)
     assert torch.equal(h, eager_h), "x + gate * y must round exactly as the eager ops"
     ref, mag = modulate64(float64_norm(h, norm, eps=EPS), scale, shift, norm)
     assert_within(out, ref, mag, 4, "gated modulate vs float64")
     assert_matches_eager(out, eager_out, mag, MODULATE_ULPS)
-    h2, out2 = tk.gated_add_norm_modulate(x, y, gate, scale, shift, norm=norm, eps=EPS)
+    out2, h2 = tk.gated_add_norm_modulate(x, y, gate, scale, shift, norm=norm, eps=EPS)
     assert torch.equal(h2, h) and torch.equal(out2, out)
 
 
@@ -234,8 +234,8 @@ def test_split_rows(tk, layout, dtype):
         ref_m, mag = modulate64(float64_norm(xm, norm, eps=EPS), scale, shift, norm)
         assert_within(out_m, ref_m, mag, 4, f"split {norm} modulate vs float64")
         gate = random_input((rows, 1, hidden), dtype, scale=0.3, offset=0.0)
-        h_g, out_g = tk.gated_add_norm_modulate(xm, res.unsqueeze(1), gate, scale, shift, norm=norm, eps=EPS)
-        eager_h_g, eager_out_g = ltx_gated_add_norm_modulate(xm, res.unsqueeze(1), gate, scale, shift, norm, eps=EPS)
+        out_g, h_g = tk.gated_add_norm_modulate(xm, res.unsqueeze(1), gate, scale, shift, norm=norm, eps=EPS)
+        eager_out_g, eager_h_g = ltx_gated_add_norm_modulate(xm, res.unsqueeze(1), gate, scale, shift, norm, eps=EPS)
         assert torch.equal(h_g, eager_h_g)
         _, mag_g = modulate64(float64_norm(h_g, norm, eps=EPS), scale, shift, norm)
         assert_matches_eager(out_g, eager_out_g, mag_g, MODULATE_ULPS)
@@ -359,7 +359,7 @@ def test_dit_block_compiles_fullgraph(tk):
     v = _valid()
 
     def block(x, y, gate, scale, shift):
-        h, n = tk.gated_add_norm_modulate(x, y, gate, scale, shift, eps=EPS)
+        n, h = tk.gated_add_norm_modulate(x, y, gate, scale, shift, eps=EPS)
         return h, tk.norm_modulate(n * 2, scale, shift, norm="layer", eps=EPS)
 
     args = (v["x"], v["y"], v["gate"], v["scale"], v["shift"])

@@ -25,7 +25,7 @@ COMPOSED = {
     "fused_add_rms_norm_fp8": ("fused_add_rms_norm", 0, (1,)),
     "layer_norm_fp8": ("layer_norm", None, ()),
     "norm_modulate_fp8": ("norm_modulate", None, ()),
-    "gated_add_norm_modulate_fp8": ("gated_add_norm_modulate", 1, (0,)),
+    "gated_add_norm_modulate_fp8": ("gated_add_norm_modulate", 0, (1,)),
 }
 FP8_ENTRIES = [name for name, (_, op, _) in op_catalog.ENTRIES.items() if op in COMPOSED]
 # Rows wider than 16384 and fewer than two per SM: the 16-bit op splits them across blocks (its sums in
@@ -52,12 +52,9 @@ def _composed(tk, op: str, args: tuple):
 
 
 def _split(op: str, result):
-    """An FP8 op's result as (codes, scale, passed-through outputs) in COMPOSED's order."""
-    if op == "fused_add_rms_norm_fp8":
-        return result[0], result[1], (result[2],)
-    if op == "gated_add_norm_modulate_fp8":
-        return result[1], result[2], (result[0],)
-    return result[0], result[1], ()
+    """An FP8 op's result as (codes, scale, passed-through outputs): every FP8 norm returns its codes
+    and scale first and a residual op its residual stream last."""
+    return result[0], result[1], tuple(result[2:])
 
 
 @gpu
@@ -135,7 +132,7 @@ def test_runs_under_compile_like_eager(tk):
     gate, scale, shift = (random_input((2, 1, 512), torch.bfloat16, scale=0.5, offset=0.0) for _ in range(3))
 
     def block(x, y):
-        h, codes, codes_scale = tk.gated_add_norm_modulate_fp8(x, y, gate, scale, shift, norm="layer")
+        codes, codes_scale, h = tk.gated_add_norm_modulate_fp8(x, y, gate, scale, shift, norm="layer")
         return h, codes.view(torch.uint8), codes_scale
 
     eager = block(x, y)
@@ -152,12 +149,12 @@ def test_fakes_give_the_shapes_and_dtypes(tk):
     for codes, scale in (tk.rms_norm_fp8(x, meta(256)), tk.layer_norm_fp8(x, meta(256), meta(256)),
                          tk.norm_modulate_fp8(x, meta(2, 1, 256), meta(2, 1, 256), norm="layer"),
                          tk.fused_add_rms_norm_fp8(x, meta(2, 9, 256))[:2],
-                         tk.gated_add_norm_modulate_fp8(x, meta(2, 9, 256), None, meta(2, 1, 256))[1:]):
+                         tk.gated_add_norm_modulate_fp8(x, meta(2, 9, 256), None, meta(2, 1, 256))[:2]):
         assert codes.shape == x.shape and codes.dtype == torch.float8_e4m3fn and codes.device.type == "meta"
         assert scale.shape == (2, 9, 1) and scale.dtype == torch.float32
     h = tk.fused_add_rms_norm_fp8(x, meta(2, 9, 256))[2]
     assert h.shape == x.shape and h.dtype == x.dtype
-    h = tk.gated_add_norm_modulate_fp8(x, meta(2, 9, 256), None, meta(2, 1, 256))[0]
+    h = tk.gated_add_norm_modulate_fp8(x, meta(2, 9, 256), None, meta(2, 1, 256))[2]
     assert h.shape == x.shape and h.dtype == x.dtype
 
 

@@ -34,7 +34,7 @@ class EagerNorms(P.Impl):
         out.copy_(result)
         return out
 
-    def rms_norm(self, x, weight=None, eps=1e-6, out=None, rounding="hf"):
+    def rms_norm(self, x, weight=None, eps=1e-6, rounding="hf", out=None):
         if rounding == "torch":  # F.rms_norm: fp32 math, the weight applied in fp32, one rounding
             y = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
             result = (y if weight is None else y * weight.float()).to(x.dtype)
@@ -50,15 +50,15 @@ class EagerNorms(P.Impl):
         result = torch.nn.functional.layer_norm(x.float(), (x.shape[-1],), f(weight), f(bias), eps).to(x.dtype)
         return self._into(out, result)
 
-    def norm_modulate(self, x, scale, shift=None, norm="rms", weight=None, bias=None, eps=1e-6, out=None):
+    def norm_modulate(self, x, scale, shift=None, weight=None, bias=None, eps=1e-6, norm="rms", out=None):
         n = (RMS_NORM_EAGER["diffusers"](x, weight, eps) if norm == "rms"
              else self.layer_norm(x, weight, bias, eps))
         n = n * (1 + scale)
         return self._into(out, n if shift is None else n + shift)
 
-    def gated_add_norm_modulate(self, x, y, gate, scale, shift=None, norm="rms", weight=None, bias=None, eps=1e-6):
+    def gated_add_norm_modulate(self, x, y, gate, scale, shift=None, weight=None, bias=None, eps=1e-6, norm="rms"):
         h = x + y if gate is None else x + y * gate
-        return h, self.norm_modulate(h, scale, shift, norm, weight, bias, eps)
+        return self.norm_modulate(h, scale, shift, weight, bias, eps, norm), h
 
 
 IMPLS = {"eager": EagerNorms()}
@@ -282,7 +282,7 @@ def prop_gated_add_norm_modulate(impl, case, gate_kind, y_layout):
     y = P.place(v.normal((B, S, H), dtype), y_layout)
     gate = None if gate_kind is None else broadcast_operand(v, gate_kind, B, S, H, dtype, 0.5)
     scale, shift, w, b = modulation_inputs(v, case)
-    h, out = impl.gated_add_norm_modulate(x, y, gate, scale, shift, norm=case["norm"], weight=w, bias=b,
+    out, h = impl.gated_add_norm_modulate(x, y, gate, scale, shift, norm=case["norm"], weight=w, bias=b,
                                           eps=case["eps"])
     assert torch.equal(h, x + y if gate is None else x + y * gate), "h must be x + gate * y as the eager ops round it"
     ref, mag = modulate64(float64_norm(h, case["norm"], eps=case["eps"]), w, b, scale, shift, case["norm"])

@@ -104,7 +104,7 @@ def test_every_op_traces_on_meta(tk):
     assert tk.fused_add_rms_norm_(x, r, w)[0] is x
     assert tk.layer_norm(x, w, w).shape == x.shape
     assert tk.norm_modulate(x, s, s, norm="layer").shape == x.shape
-    h, out = tk.gated_add_norm_modulate(x, r, s, s, s)
+    out, h = tk.gated_add_norm_modulate(x, r, s, s, s)
     assert h.shape == out.shape == x.shape
     with pytest.raises(Exception, match="norm must be"):
         tk.norm_modulate(x, s, s, norm="group")

@@ -107,3 +107,34 @@ def test_tests_are_grouped_by_family():
     assert families <= folders, f"families without a tests/<family>/ folder: {sorted(families - folders)}"
     loose = sorted(p.name for p in (ROOT / "tests").glob("test_*.py"))
     assert not loose, f"test modules outside a folder: {loose}"
+
+
+# Schema arguments a public function fills in itself (docs/ops.md, "Arguments"): the cross-entropy's
+# autograd asks its forward for the gradients only when one is wanted.
+FILLED_IN = {"fused_linear_cross_entropy": {"compute_grads"}}
+
+
+def schema_arguments(tk, op: str) -> list[str]:
+    """The op's arguments in schema order, without the output tensors an `_out` form writes (an
+    in-place op's written tensors are its inputs)."""
+    schema = getattr(tk.ops, op).default._schema
+    return [a.name for a in schema.arguments if op.endswith("_") or not (a.alias_info and a.alias_info.is_write)]
+
+
+@pytest.mark.parametrize("op", sorted(op for op in table() if op in public_names(table()[op][1])))
+def test_a_function_named_as_its_op_takes_the_schema_arguments_in_order(tk, op):
+    import inspect
+
+    wanted = [name for name in schema_arguments(tk, op) if name not in FILLED_IN.get(op, ())]
+    params = list(inspect.signature(getattr(tk, op)).parameters)
+    assert params[:len(wanted)] == wanted, f"{op}: the function takes {params}, the schema {wanted}"
+
+
+def test_fp8_producers_take_their_16_bit_ops_arguments_and_return_codes_and_scale_in_its_place(tk):
+    twins = [op for op in table() if op.endswith("_fp8") and op.removesuffix("_fp8") in table()]
+    assert {"rms_norm_fp8", "act_mul_fp8", "gated_add_norm_modulate_fp8"} <= set(twins), twins
+    for twin in twins:
+        base = twin.removesuffix("_fp8")
+        assert schema_arguments(tk, twin) == schema_arguments(tk, base), twin
+        base_returns = len(getattr(tk.ops, base).default._schema.returns)
+        assert len(getattr(tk.ops, twin).default._schema.returns) == base_returns + 1, twin

@@ -103,8 +103,8 @@ def _cases():
         t["x"], t["y"], t["gate"], t["scale"], t["shift"], t["w"], None, 1e-6, "rms"))
     c["gated_add_norm_modulate/no_gate"] = (ltx, lambda tk, t: tk.ops.gated_add_norm_modulate.default(
         t["x"], t["y"], None, t["scale"], t["shift"], None, None, 1e-6, "rms"))
-    c["gated_add_norm_modulate_out"] = (ltx, lambda tk, t: _outs(lambda h, o: tk.ops.gated_add_norm_modulate_out.default(
-        h, o, t["x"], t["y"], t["gate"], t["scale"], t["shift"], t["w"], t["bias"], 1e-6, "layer"), t["x"], t["x"]))
+    c["gated_add_norm_modulate_out"] = (ltx, lambda tk, t: _outs(lambda o, h: tk.ops.gated_add_norm_modulate_out.default(
+        o, h, t["x"], t["y"], t["gate"], t["scale"], t["shift"], t["w"], t["bias"], 1e-6, "layer"), t["x"], t["x"]))
 
     act = lambda: {"x": _rand(2, 512, 8192), "g": _rand(4, 1, 14336), "u": _rand(4, 1, 14336),  # noqa: E731
                    "y": _rand(2, 512, 8192), "gate": _rand(2, 1, 8192, scale=0.5)}
@@ -224,9 +224,9 @@ def _cases():
     c["act_mul_fp8"] = (lambda: {"gu": _rand(64, 2 * 14336)}, act_mul_fp8)
 
     def norm_fp8(tk, t):  # LTX's residual add + AdaLN before its feed-forward, quantized for the FP8 GEMM
-        h, codes, scale = tk.ops.gated_add_norm_modulate_fp8.default(t["x"], t["y"], t["g"], t["s"], t["sh"], None,
+        codes, scale, h = tk.ops.gated_add_norm_modulate_fp8.default(t["x"], t["y"], t["g"], t["s"], t["sh"], None,
                                                                      None, 1e-6, "rms")
-        return h, codes.float(), scale
+        return codes.float(), scale, h
 
     c["gated_add_norm_modulate_fp8"] = (lambda: {"x": _rand(2, 512, 2048), "y": _rand(2, 512, 2048),
                                                  "g": _rand(2, 1, 2048), "s": _rand(2, 1, 2048),
@@ -467,7 +467,7 @@ def _compiled_model_step(tk):
         mlp = tk.silu_and_mul(normed @ gate_up_w.t())
         ffn = tk.linear_gelu(normed, ffn_w, ffn_b)
         mod = tk.norm_modulate(normed, scale, shift, norm="layer")
-        gated, mod2 = tk.gated_add_norm_modulate(normed, mod, scale, scale, shift)
+        mod2, gated = tk.gated_add_norm_modulate(normed, mod, scale, scale, shift)
         # in-place forms on intermediates (a mutated graph input would be the caller's reason to skip)
         x2, r2 = tk.fused_add_rms_norm_(x.clone(), residual.clone(), w, 1e-6)
         q2, k2 = tk.apply_rotary_pos_emb_(q.clone(), k.clone(), cos, sin)

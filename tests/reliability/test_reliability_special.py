@@ -151,7 +151,7 @@ def norm_ops(H, dtype):
         ops[f"gated_add_norm_modulate[{norm}]"] = (
             lambda t, y, e, n=norm: t.gated_add_norm_modulate(res, y, gate, scale, shift, norm=n, eps=e),
             lambda y, e, n=norm: ltx_gated_add_norm_modulate(res, y, gate, scale, shift, n, eps=e),
-            layer_n0(1, n0) if norm == "layer" else None)
+            layer_n0(0, n0) if norm == "layer" else None)
     return {op: fns if len(fns) == 3 else (*fns, None) for op, fns in ops.items()}
 
 

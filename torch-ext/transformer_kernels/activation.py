@@ -1,7 +1,7 @@
 """Activation ops: Python API and fake (meta) implementations.
 
-All compute in fp32 with ATen's formulas and round as the eager code does: ``act(x)`` once, the
-gated units ``act(a) * b`` twice (the activation's result, then the product), like
+All compute in fp32 with ATen's formulas and round as the eager code does: ``activation(x)`` once, the
+gated units ``activation(a) * b`` twice (the activation's result, then the product), like
 ``F.silu(gate) * up`` in transformers' MLPs and ``h * F.gelu(gate)`` in diffusers' GEGLU. Inputs:
 CUDA float32/float16/bfloat16, last dimension contiguous, leading dimensions any strides.
 
@@ -33,11 +33,11 @@ def _gelu_name(approximate: str) -> str:
     return "gelu" if approximate == "none" else "gelu_tanh"
 
 
-def _activation(x: torch.Tensor, act: str, out: Optional[torch.Tensor]) -> torch.Tensor:
+def _activation(x: torch.Tensor, activation: str, out: Optional[torch.Tensor]) -> torch.Tensor:
     if out is None:
-        return dispatch(_activation_op, x, act)
+        return dispatch(_activation_op, x, activation)
     refuse_grad("activation", "out= form", x)
-    _activation_out_op(out, x, act)
+    _activation_out_op(out, x, activation)
     return out
 
 
@@ -52,11 +52,11 @@ def gelu(x: torch.Tensor, approximate: str = "none", out: Optional[torch.Tensor]
     return _activation(x, _gelu_name(approximate), out)
 
 
-def _act_and_mul(x: torch.Tensor, act: str, act_first: bool, out: Optional[torch.Tensor]) -> torch.Tensor:
+def _act_and_mul(x: torch.Tensor, activation: str, act_first: bool, out: Optional[torch.Tensor]) -> torch.Tensor:
     if out is None:
-        return dispatch(_act_and_mul_op, x, act, act_first)
+        return dispatch(_act_and_mul_op, x, activation, act_first)
     refuse_grad("act_and_mul", "out= form", x)
-    _act_and_mul_out_op(out, x, act, act_first)
+    _act_and_mul_out_op(out, x, activation, act_first)
     return out
 
 
@@ -84,7 +84,7 @@ def geglu(x: torch.Tensor, approximate: str = "none", out: Optional[torch.Tensor
 
 def act_mul(gate: torch.Tensor, up: torch.Tensor, activation: str = "silu",
             out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """``act(gate) * up`` on two tensors, as transformers' ``LlamaMLP`` computes
+    """``activation(gate) * up`` on two tensors, as transformers' ``LlamaMLP`` computes
     ``act_fn(gate_proj(x)) * up_proj(x)``. ``activation``: ``"silu"``, ``"gelu"`` or ``"gelu_tanh"``."""
     if out is None:
         return dispatch(_act_mul_op, gate, up, activation)
@@ -103,8 +103,8 @@ _act_mul_out_op = ops.act_mul_out.default
 
 # ---- fake (meta) implementations ----
 
-def _check_act(op: str, act: str) -> None:
-    torch._check(act in ACTIVATIONS, lambda: f"{op}: activation must be one of {ACTIVATIONS}, got {act!r}")
+def _check_act(op: str, activation: str) -> None:
+    torch._check(activation in ACTIVATIONS, lambda: f"{op}: activation must be one of {ACTIVATIONS}, got {activation!r}")
 
 
 def _half_shape(x: torch.Tensor):
@@ -118,58 +118,58 @@ def _check_out(op: str, out: torch.Tensor, shape, dtype: torch.dtype) -> None:
 
 
 @register_fake("activation")
-def _(x, act):
-    _check_act("activation", act)
+def _(x, activation):
+    _check_act("activation", activation)
     return x.new_empty(x.shape)
 
 
 @register_fake("activation_out")
-def _(out, x, act):
-    _check_act("activation", act)
+def _(out, x, activation):
+    _check_act("activation", activation)
     _check_out("activation", out, x.shape, x.dtype)
 
 
 @register_fake("act_and_mul")
-def _(x, act, act_first):
-    _check_act("act_and_mul", act)
+def _(x, activation, act_first):
+    _check_act("act_and_mul", activation)
     return x.new_empty(_half_shape(x))
 
 
 @register_fake("act_and_mul_out")
-def _(out, x, act, act_first):
-    _check_act("act_and_mul", act)
+def _(out, x, activation, act_first):
+    _check_act("act_and_mul", activation)
     _check_out("act_and_mul", out, _half_shape(x), x.dtype)
 
 
 @register_fake("act_mul")
-def _(gate, up, act):
-    _check_act("act_mul", act)
+def _(gate, up, activation):
+    _check_act("act_mul", activation)
     return gate.new_empty(gate.shape)
 
 
 @register_fake("act_mul_out")
-def _(out, gate, up, act):
-    _check_act("act_mul", act)
+def _(out, gate, up, activation):
+    _check_act("act_mul", activation)
     _check_out("act_mul", out, gate.shape, gate.dtype)
 
 
 @register_fake("activation_backward")
-def _(grad, x, act):
-    _check_act("activation_backward", act)
+def _(grad, x, activation):
+    _check_act("activation_backward", activation)
     return x.new_empty(x.shape)
 
 
 @register_fake("act_and_mul_backward")
-def _(grad, x, act, act_first):
-    _check_act("act_and_mul_backward", act)
+def _(grad, x, activation, act_first):
+    _check_act("act_and_mul_backward", activation)
     torch._check(tuple(grad.shape) == tuple(_half_shape(x)),
                  lambda: f"act_and_mul_backward: grad must have the output's shape {_half_shape(x)}, got {tuple(grad.shape)}")
     return x.new_empty(x.shape)
 
 
 @register_fake("act_mul_backward")
-def _(grad, gate, up, act):
-    _check_act("act_mul_backward", act)
+def _(grad, gate, up, activation):
+    _check_act("act_mul_backward", activation)
     return gate.new_empty(gate.shape), gate.new_empty(gate.shape)
 
 
@@ -182,33 +182,33 @@ _act_mul_backward_op = ops.act_mul_backward.default
 
 
 def _setup_activation(ctx, inputs, output):
-    x, ctx.act = inputs
+    x, ctx.activation = inputs
     ctx.save_for_backward(x)
 
 
 def _setup_act_and_mul(ctx, inputs, output):
-    x, ctx.act, ctx.act_first = inputs
+    x, ctx.activation, ctx.act_first = inputs
     ctx.save_for_backward(x)
 
 
 def _setup_act_mul(ctx, inputs, output):
-    gate, up, ctx.act = inputs
+    gate, up, ctx.activation = inputs
     ctx.save_for_backward(gate, up)
 
 
 def _activation_backward(ctx, grad):
     (x,) = ctx.saved_tensors
-    return _activation_backward_op(grad_rows(grad), x, ctx.act), None
+    return _activation_backward_op(grad_rows(grad), x, ctx.activation), None
 
 
 def _act_and_mul_backward(ctx, grad):
     (x,) = ctx.saved_tensors
-    return _act_and_mul_backward_op(grad_rows(grad), x, ctx.act, ctx.act_first), None, None
+    return _act_and_mul_backward_op(grad_rows(grad), x, ctx.activation, ctx.act_first), None, None
 
 
 def _act_mul_backward(ctx, grad):
     gate, up = ctx.saved_tensors
-    grad_gate, grad_up = _act_mul_backward_op(grad_rows(grad), gate, up, ctx.act)
+    grad_gate, grad_up = _act_mul_backward_op(grad_rows(grad), gate, up, ctx.activation)
     return grad_gate, grad_up, None
 
 

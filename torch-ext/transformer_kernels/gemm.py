@@ -89,8 +89,8 @@ def linear_fp8(x: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor, wei
     return dispatch(_linear_fp8, x, x_scale, weight, weight_scale, bias, out_dtype, activation)
 
 
-def decode_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
-                  weight_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+def decode_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: Optional[torch.Tensor] = None,
+                  bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The linear layer of a decode step: ``x @ (weight * weight_scale).T + bias`` for at most 8 rows
     (tokens), streaming the weight once (a GEMM tiled for large M reads it below the memory's rate).
     Accumulates in fp32 and rounds once to x's dtype; no gradient.
@@ -103,10 +103,11 @@ def decode_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
     weight : torch.Tensor
         ``[out_features, in_features]`` contiguous, x's dtype, or ``torch.float8_e4m3fn`` codes
         (weight-only FP8: ``quantize_fp8(linear.weight)``) with their ``weight_scale``.
+    weight_scale : torch.Tensor, optional
+        ``[out_features]`` (or ``[out_features, 1]``) float32, for an e4m3 weight only. A scale
+        follows the tensor it scales, as in ``linear_fp8``.
     bias : torch.Tensor, optional
         ``[out_features]`` in x's dtype.
-    weight_scale : torch.Tensor, optional
-        ``[out_features]`` (or ``[out_features, 1]``) float32, for an e4m3 weight only.
 
     in_features must be a multiple of 16 bytes' elements (8 for 16-bit x, 4 for float32, 16 with an
     e4m3 weight).

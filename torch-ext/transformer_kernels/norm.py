@@ -58,8 +58,8 @@ def rms_norm(
     x: torch.Tensor,
     weight: Optional[torch.Tensor] = None,
     eps: float = 1e-6,
-    out: Optional[torch.Tensor] = None,
     rounding: str = "hf",
+    out: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Root-mean-square normalization over the last dimension.
 
@@ -107,9 +107,9 @@ def fused_add_rms_norm(
     residual: torch.Tensor,
     weight: Optional[torch.Tensor] = None,
     eps: float = 1e-6,
+    rounding: str = "hf",
     out: Optional[torch.Tensor] = None,
     residual_out: Optional[torch.Tensor] = None,
-    rounding: str = "hf",
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """``residual_out = x + residual`` (rounded to x's dtype), then ``out = rms_norm(residual_out)``.
 
@@ -177,10 +177,10 @@ def norm_modulate(
     x: torch.Tensor,
     scale: torch.Tensor,
     shift: Optional[torch.Tensor] = None,
-    norm: str = "rms",
     weight: Optional[torch.Tensor] = None,
     bias: Optional[torch.Tensor] = None,
     eps: float = 1e-6,
+    norm: str = "rms",
     out: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """AdaLN: ``norm(x) * (1 + scale) + shift``, as DiT blocks (LTX-Video, Flux, SD3) modulate.
@@ -202,12 +202,12 @@ def gated_add_norm_modulate(
     gate: Optional[torch.Tensor],
     scale: torch.Tensor,
     shift: Optional[torch.Tensor] = None,
-    norm: str = "rms",
     weight: Optional[torch.Tensor] = None,
     bias: Optional[torch.Tensor] = None,
     eps: float = 1e-6,
-    h_out: Optional[torch.Tensor] = None,
+    norm: str = "rms",
     out: Optional[torch.Tensor] = None,
+    h_out: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """A DiT block's residual add and the next modulated norm in one pass.
 
@@ -217,18 +217,19 @@ def gated_add_norm_modulate(
 
     Returns
     -------
-    (h, out)
-        The new residual stream and the modulated norm of it.
+    (out, h)
+        The modulated norm of the new residual stream, and that stream: the normalized output
+        first and the residual stream last, as every residual op of the package returns them.
     """
-    if h_out is None and out is None:
+    if out is None and h_out is None:
         return dispatch(_gated_add_norm_modulate, x, y, gate, scale, shift, weight, bias, eps, norm)
     if h_out is None:
         h_out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if out is None:
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     refuse_grad("gated_add_norm_modulate", "out= form", x, y, gate, scale, shift, weight, bias)
-    _gated_add_norm_modulate_out(h_out, out, x, y, gate, scale, shift, weight, bias, eps, norm)
-    return h_out, out
+    _gated_add_norm_modulate_out(out, h_out, x, y, gate, scale, shift, weight, bias, eps, norm)
+    return out, h_out
 
 
 def gated_add(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -280,12 +281,12 @@ def norm_modulate_fp8(
     x: torch.Tensor,
     scale: torch.Tensor,
     shift: Optional[torch.Tensor] = None,
-    norm: str = "rms",
     weight: Optional[torch.Tensor] = None,
     bias: Optional[torch.Tensor] = None,
     eps: float = 1e-6,
+    norm: str = "rms",
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``quantize_fp8(norm_modulate(x, scale, shift, norm, weight, bias, eps))`` in one pass:
+    """``quantize_fp8(norm_modulate(x, scale, shift, weight, bias, eps, norm))`` in one pass:
     ``(codes, codes_scale)``, the FP8 input of a DiT block's q/k/v or feed-forward projection.
     ``scale`` is the modulation's, not the quantization's (which is returned)."""
     return dispatch(_norm_modulate_fp8, x, scale, shift, weight, bias, eps, norm)
@@ -297,18 +298,18 @@ def gated_add_norm_modulate_fp8(
     gate: Optional[torch.Tensor],
     scale: torch.Tensor,
     shift: Optional[torch.Tensor] = None,
-    norm: str = "rms",
     weight: Optional[torch.Tensor] = None,
     bias: Optional[torch.Tensor] = None,
     eps: float = 1e-6,
+    norm: str = "rms",
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``gated_add_norm_modulate`` with its modulated output quantized per row.
 
     Returns
     -------
-    (h, codes, codes_scale)
-        The new residual stream (x's dtype) and the FP8 codes and row scales of ``norm(h) * (1 +
-        scale) + shift``.
+    (codes, codes_scale, h)
+        The FP8 codes and row scales of ``norm(h) * (1 + scale) + shift``, and the new residual
+        stream ``h`` (x's dtype) last.
     """
     return dispatch(_gated_add_norm_modulate_fp8, x, y, gate, scale, shift, weight, bias, eps, norm)
 
@@ -418,10 +419,10 @@ def _(x, y, gate, scale, shift, weight, bias, eps, norm):
 
 
 @register_fake("gated_add_norm_modulate_out")
-def _(h_out, out, x, y, gate, scale, shift, weight, bias, eps, norm):
+def _(out, h_out, x, y, gate, scale, shift, weight, bias, eps, norm):
     _check_choice("gated_add_norm_modulate", "norm", norm, NORMS)
-    _check_out("gated_add_norm_modulate", "h_out", h_out, x, x.dtype)
     _check_out("gated_add_norm_modulate", "out", out, x, x.dtype)
+    _check_out("gated_add_norm_modulate", "h_out", h_out, x, x.dtype)
 
 
 @register_fake("rms_norm_fp8")
@@ -450,7 +451,7 @@ def _(x, scale, shift, weight, bias, eps, norm):
 @register_fake("gated_add_norm_modulate_fp8")
 def _(x, y, gate, scale, shift, weight, bias, eps, norm):
     _check_choice("gated_add_norm_modulate_fp8", "norm", norm, NORMS)
-    return (_new(x, x.dtype), *fp8_rows_like(x))
+    return (*fp8_rows_like(x), _new(x, x.dtype))
 
 
 # ---- training: the backward ops (fake implementations) and the autograd of the functional forms ----
@@ -495,7 +496,7 @@ def _(grad_out, x, scale, shift, weight, bias, eps, norm, output_mask):
 
 
 @register_fake("gated_add_norm_modulate_backward")
-def _(grad_h, grad_out, h, y, gate, scale, shift, weight, bias, eps, norm, output_mask):
+def _(grad_out, grad_h, h, y, gate, scale, shift, weight, bias, eps, norm, output_mask):
     _check_choice("gated_add_norm_modulate_backward", "norm", norm, NORMS)
     # Without a gate y's gradient is x's: x's is computed for either, y's slot stays empty.
     dx = _grad_like(output_mask[0] or (output_mask[1] and gate is None), h, h)
@@ -571,15 +572,15 @@ def _norm_modulate_bwd(ctx, grad):
 
 def _gated_add_norm_modulate_setup(ctx, inputs, output):
     _, y, gate, scale, shift, weight, bias, eps, norm = inputs
-    ctx.save_for_backward(output[0], y, gate, scale, shift, weight, bias)  # output[0]: h, the normalized input
+    ctx.save_for_backward(output[1], y, gate, scale, shift, weight, bias)  # output[1]: h, the normalized input
     ctx.eps, ctx.norm = eps, norm
 
 
-def _gated_add_norm_modulate_bwd(ctx, grad_h, grad_out):
+def _gated_add_norm_modulate_bwd(ctx, grad_out, grad_h):
     h, y, gate, scale, shift, weight, bias = ctx.saved_tensors
     mask = list(ctx.needs_input_grad[:7])
     grad_out = grad_or_zeros(grad_out, h, h.dtype)
-    dx, dy, *rest = _gated_add_norm_modulate_backward(grad_rows(grad_h), grad_rows(grad_out), h, y, gate, scale,
+    dx, dy, *rest = _gated_add_norm_modulate_backward(grad_rows(grad_out), grad_rows(grad_h), h, y, gate, scale,
                                                       shift, weight, bias, ctx.eps, ctx.norm, mask)
     if gate is None:  # h = x + y: y's gradient is x's
         dy = dx

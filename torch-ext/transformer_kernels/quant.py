@@ -35,13 +35,13 @@ def quantize_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return dispatch(_quantize_fp8, x)
 
 
-def act_mul_fp8(gate: torch.Tensor, up: torch.Tensor, act: str = "silu") -> tuple[torch.Tensor, torch.Tensor]:
-    """``quantize_fp8(act_mul(gate, up, act))`` in one pass, bit for bit: the gated unit (``act`` in
+def act_mul_fp8(gate: torch.Tensor, up: torch.Tensor, activation: str = "silu") -> tuple[torch.Tensor, torch.Tensor]:
+    """``quantize_fp8(act_mul(gate, up, activation))`` in one pass, bit for bit: the gated unit (``activation`` in
     fp32 rounded to the dtype, the product rounded once, as ``act_mul`` and the eager code compute it)
     quantized per row without writing it in 16 bits: the FP8 input of a gated MLP's down projection
-    (transformers' ``LlamaMLP``: ``act="silu"``). ``gate`` and ``up`` may be views of one merged
+    (transformers' ``LlamaMLP``: ``activation="silu"``). ``gate`` and ``up`` may be views of one merged
     projection's output. Returns ``(codes, scale)`` as ``quantize_fp8`` does; no gradient."""
-    return dispatch(_act_mul_fp8, gate, up, act)
+    return dispatch(_act_mul_fp8, gate, up, activation)
 
 
 _quantize_fp8 = ops.quantize_fp8.default
@@ -60,6 +60,6 @@ def _(x):
 
 
 @register_fake("act_mul_fp8")
-def _(gate, up, act):
+def _(gate, up, activation):
     torch._check(gate.dim() >= 1, lambda: "act_mul_fp8: gate must have at least one dimension")
     return fp8_rows_like(gate)

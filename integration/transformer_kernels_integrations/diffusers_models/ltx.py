@@ -50,12 +50,12 @@ def _ltx_block_forward(tk: ModuleType, fp8_on: Callable[[], bool] = lambda: Fals
         attn_hidden_states = self.attn2(hidden_states, encoder_hidden_states=encoder_hidden_states,
                                         image_rotary_emb=None, attention_mask=encoder_attention_mask)
         if fp8_layers and fp8.takes_quantized(fp8.feed_forward_input_gemms(self.ff), hidden_states):
-            hidden_states, codes, scale = tk.gated_add_norm_modulate_fp8(
+            codes, scale, hidden_states = tk.gated_add_norm_modulate_fp8(
                 hidden_states, attn_hidden_states, None, scale_mlp, shift_mlp, norm="rms",
                 weight=self.norm2.weight, eps=self.norm2.eps)
             norm_hidden_states = fp8.QuantizedRows(codes, scale, hidden_states.dtype)
         else:
-            hidden_states, norm_hidden_states = tk.gated_add_norm_modulate(
+            norm_hidden_states, hidden_states = tk.gated_add_norm_modulate(
                 hidden_states, attn_hidden_states, None, scale_mlp, shift_mlp, norm="rms",
                 weight=self.norm2.weight, eps=self.norm2.eps)
         ff_output = self.ff(norm_hidden_states)
