@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 from types import ModuleType
-from typing import Iterable, Iterator
+from typing import Iterator
 
 import torch
 
@@ -38,12 +38,14 @@ def _is_transformers_model(model: torch.nn.Module) -> bool:
     return type(model).__module__.startswith("transformers.")
 
 
-# Every switch of both tables (the rule tables import neither diffusers nor transformers)
+# Both tables (they import neither diffusers nor transformers): inject takes the switches and passes of both
+TABLES = (diffusers_models.TABLE, transformers_models.TABLE)
+# Every switch of both tables' rules
 SWITCHES = tuple(sorted(set(diffusers_models.SWITCHES) | set(transformers_models.SWITCHES)))
 
 
 def inject(model_or_pipe, tk: ModuleType | None = None, *, strict: bool = False, training: bool | None = None,
-           fp8: bool = False, fp8_exclude: Iterable[str] = (), **switches: bool) -> InjectionReport:
+           **switches) -> InjectionReport:
     """Patches a transformers model, a diffusers model, or every component of a diffusers pipeline in
     place, and returns the report (replaced, skipped with why, run-time fallbacks).
 
@@ -56,18 +58,18 @@ def inject(model_or_pipe, tk: ModuleType | None = None, *, strict: bool = False,
     module (default: ``load_kernel()``, the Hub or the local build LOCAL_KERNELS names). ``training``
     (default: whether any of the models is in training mode): only the rules whose ops have a
     backward, and a causal LM's loss through the fused linear cross-entropy
-    (``fused_linear_cross_entropy``). ``fp8=True`` (off by default; inference on GPUs with FP8 tensor
-    cores, compute capability 8.9+): the large linear layers of the transformer blocks run as FP8
-    GEMMs, quantized per token and per output channel (``fp8.py`` says which layers stay bf16 and what
-    it costs in memory); ``fp8_exclude``: ``fnmatch`` patterns of module paths kept in bf16."""
+    (``fused_linear_cross_entropy``). Passes, off by default, declared by the tables
+    (``RuleTable.passes``): ``fp8=True`` (inference on GPUs with FP8 tensor cores, compute capability
+    8.9+): the large linear layers of the transformer blocks run as FP8 GEMMs, quantized per token and
+    per output channel (``fp8.py`` says which layers stay bf16 and what it costs in memory);
+    ``fp8_exclude``: ``fnmatch`` patterns of module paths kept in bf16."""
     if isinstance(model_or_pipe, torch.nn.Module):
         models = [("", model_or_pipe)]
     else:
         models = diffusers_models.components(model_or_pipe)
-    tables = [(name, m, (transformers_models if _is_transformers_model(m) else diffusers_models).TABLE)
-              for name, m in models]
-    return inject_models(tables, tk, switches=switches, known_switches=SWITCHES, strict=strict, training=training,
-                         fp8=fp8, fp8_exclude=fp8_exclude)
+    with_tables = [(name, m, (transformers_models if _is_transformers_model(m) else diffusers_models).TABLE)
+                   for name, m in models]
+    return inject_models(with_tables, tk, keywords=switches, tables=TABLES, strict=strict, training=training)
 
 
 def uninject(model_or_pipe) -> int:
@@ -79,10 +81,9 @@ def uninject(model_or_pipe) -> int:
 
 @contextlib.contextmanager
 def injected(model_or_pipe, tk: ModuleType | None = None, *, strict: bool = False, training: bool | None = None,
-             fp8: bool = False, fp8_exclude: Iterable[str] = (), **switches: bool) -> Iterator[InjectionReport]:
+             **switches) -> Iterator[InjectionReport]:
     """``inject`` for the duration of a ``with`` block; ``uninject`` on leaving it, even on an error."""
-    report = inject(model_or_pipe, tk, strict=strict, training=training, fp8=fp8, fp8_exclude=fp8_exclude,
-                    **switches)
+    report = inject(model_or_pipe, tk, strict=strict, training=training, **switches)
     try:
         yield report
     finally:

@@ -17,30 +17,49 @@ producer of ours emitted in the same pass (``QuantizedRows``: a decoder layer's 
 ``fused_add_rms_norm_fp8`` for the attention's and the MLP's inputs, LTX-Video's ``norm_modulate_fp8``
 and ``gated_add_norm_modulate_fp8`` for its self-attention's and FFN's, ``act_mul_fp8`` for the gated
 MLP's ``down_proj``), and runs ``linear_fp8`` with the bias (and, for a tanh-GELU FFN projection, the GELU) in its epilogue.
+
 Merged projections (``merge_projections``) quantize their merged weight: per-row scales make that
 the concatenation of the children's codes and scales. A merge with one projection excluded runs in
 bf16, all of its projections with it.
+
+The quant contract (vLLM's ``QuantizedActivation``): a ``QuantizedRows`` carries its key, what it is
+(``QuantKey``; every producer of ours emits ``ROW_E4M3``: e4m3 codes, a float32 scale per row), and
+each FP8 GEMM declares at inject the key it accepts (``Fp8Weight.accepts``). Which producer emits
+FP8 is decided once per block, when the pass applies: a producer's rule declares its inputs and how
+to find the GEMMs that read each (``produces``), and ``apply`` plans them (``Site``: every GEMM that
+reads the input runs in FP8 and accepts the key; stored on the block, planned again when a merge it
+feeds is refreshed). Per call the producer checks only the runtime conditions (``Site.takes``:
+device, autocast, dtype, gradients). A GEMM given a key it does not accept runs its bf16 code on the
+dequantized input, a logged fallback (``linear`` itself refuses it).
 
 Where it cannot run (tensors off the GPU, autocast, an input of another dtype than the weight, or
 fp32, gradients wanted) the layer runs its bf16 code: a logged fallback of kind ``fp8_linear``.
 
 Memory: the bf16 weights are kept (``uninject`` gives them back untouched, bit for bit) beside the
 FP8 codes and scales: weight memory grows by about half (one byte per weight plus 4 bytes per output
-channel); the report says how many bytes.
+channel); the report says how many bytes (``report.extras["fp8"]``: ``layers``, ``weight_bytes``).
+
+``PASS`` is all the engine sees of it: the rule tables that serve FP8 carry it
+(``RuleTable(..., passes=(fp8.PASS,))``), which makes ``fp8`` and ``fp8_exclude`` keywords of their
+``inject``. Tensors go to the kernels only on the table's devices (``RuleTable.kernel_devices``).
 """
 
 from __future__ import annotations
 
+import enum
 import fnmatch
+import functools
 import re
 from types import ModuleType
-from typing import Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 import torch.nn.functional as F
 
 from . import merging
+from .patching import Option, Pass
 
+SWITCH = "fp8"  # inject(model, fp8=True); its options: fp8_exclude
 KIND = "fp8_linear"
 # The ops the FP8 layers run: the GEMM, the quantization of inputs no producer of ours emits, and the
 # producers that emit them (a decoder layer's norms, the gated MLP's unit).
@@ -51,13 +70,31 @@ MIN_CAPABILITY = (8, 9)
 # A projection narrower than this on either side stays bf16: its GEMM is too small for FP8 to pay for
 # the input's quantization.
 FP8_MIN_FEATURES = 512
-# Tensors on other devices run the bf16 code (the tests widen it for the eager stand-ins on the CPU).
-KERNEL_DEVICES: tuple[str, ...] = ("cuda",)
 # Names in a block that mark a layer kept in bf16: the AdaLN modulation and timestep/embedding MLPs
 # (small, precision-sensitive, run once per block per step).
 KEPT_IN_BF16 = ("norm", "emb", "time", "adaln", "scale_shift")
 _IN_BLOCK = re.compile(r"(^|\.)(layers|blocks|transformer_blocks|single_transformer_blocks)\.\d+\.")
 _STATE = "_tk_fp8"
+# On a producer's block (``produces``): its inputs, each with the function that finds the GEMMs that
+# read it (its consumers); and its plan, input -> Site or None (filled by ``apply``; the patched
+# forward reads it).
+_CONSUMERS = "_tk_fp8_consumers"
+PLAN = "_tk_fp8_inputs"
+
+
+class QuantKey(enum.Enum):
+    """What a quantized activation is (vLLM's quant key): its codes' dtype, and what one scale covers
+    (``"row"``: a float32 per row of the last dimension, ``[..., 1]``). An enum: torch.compile traces
+    its comparisons as constants."""
+
+    # What quantize_fp8, act_mul_fp8 and the norms' FP8 outputs give, and linear_fp8 takes.
+    ROW_E4M3 = ("float8_e4m3fn", "row")
+
+    def __str__(self) -> str:
+        return f"{self.value[0]} per {self.value[1]}"
+
+
+ROW_E4M3 = QuantKey.ROW_E4M3
 
 
 class Fp8Weight:
@@ -65,11 +102,14 @@ class Fp8Weight:
     ``tk.quantize_fp8`` from the tensor ``source()`` returns, again whenever one of the tensors
     ``watched()`` gives (the weight; a merge's weight and its children's parameters, each with a version
     counter of its own) changed. ``lazy``: not before the first call (a merged projection's child,
-    which runs alone only where its merge cannot)."""
+    which runs alone only where its merge cannot). What its GEMM declares at inject: ``accepts``, the
+    key of the quantized activations it consumes, and ``devices()``, where its tensors may be."""
 
-    def __init__(self, tk: ModuleType, source, watched=None, lazy: bool = False):
+    def __init__(self, tk: ModuleType, source, watched=None, lazy: bool = False, *,
+                 accepts: QuantKey = ROW_E4M3, devices: Callable[[], tuple[str, ...]] = lambda: ("cuda",)):
         self.tk, self.source = tk, source
         self.watched = watched or (lambda: (source(),))
+        self.accepts, self.devices = accepts, devices
         self.codes: torch.Tensor | None = None
         self.scale: torch.Tensor | None = None
         self._seen: tuple = ()
@@ -98,16 +138,17 @@ def weight_bytes(linear: torch.nn.Linear) -> int:
 
 class QuantizedRows:
     """An activation's rows as a producer of ours emitted them in FP8 (``rms_norm_fp8``,
-    ``fused_add_rms_norm_fp8``, ...): codes ``[..., K]``, row scales ``[..., 1]``, and the dtype the 16-bit
-    activation has. A patched block passes it, in place of the tensor, to layers whose every GEMM on
-    that input runs in FP8 (``takes_quantized``): the FP8 linear forwards and merged GEMMs take it as
-    it is. ``shape``, ``dtype`` and ``device`` are the activation's, for the code around them."""
+    ``fused_add_rms_norm_fp8``, ...): codes ``[..., K]``, scales (``[..., 1]`` for a row scale), the dtype
+    the 16-bit activation has, and ``key``, what the codes are (``ROW_E4M3`` from every op of ours). A
+    patched block passes it, in place of the tensor, to layers whose every GEMM on that input runs in
+    FP8 and accepts its key (the block's plan, ``Site``): the FP8 linear forwards and merged GEMMs
+    take it as it is. ``shape``, ``dtype`` and ``device`` are the activation's, for the code around them."""
 
-    __slots__ = ("codes", "scale", "dtype")
+    __slots__ = ("codes", "scale", "dtype", "key")
     requires_grad = False
 
-    def __init__(self, codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype):
-        self.codes, self.scale, self.dtype = codes, scale, dtype
+    def __init__(self, codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, key: QuantKey = ROW_E4M3):
+        self.codes, self.scale, self.dtype, self.key = codes, scale, dtype, key
 
     @property
     def shape(self) -> torch.Size:
@@ -122,9 +163,9 @@ class QuantizedRows:
         return (self.codes.float() * self.scale).to(self.dtype)
 
 
-def unusable(x: torch.Tensor, weight: torch.Tensor) -> str | None:
-    """Why the FP8 GEMM cannot take input x for this weight, or None."""
-    if x.device.type not in KERNEL_DEVICES:
+def unusable(x: torch.Tensor | QuantizedRows, weight: torch.Tensor, devices: tuple[str, ...]) -> str | None:
+    """Why the FP8 GEMM cannot take input x for this weight now (the runtime conditions), or None."""
+    if x.device.type not in devices:
         return f"tensors on {x.device.type}, not the GPU"
     if torch.is_autocast_enabled(x.device.type):
         return "autocast is on"
@@ -137,9 +178,13 @@ def unusable(x: torch.Tensor, weight: torch.Tensor) -> str | None:
 
 def linear(tk: ModuleType, fp8: Fp8Weight, x: torch.Tensor | QuantizedRows, bias: torch.Tensor | None,
            activation: str = "none") -> torch.Tensor:
-    """``act(x @ W.T + bias)`` in FP8: x quantized per row (or as a producer quantized it), then the
-    FP8 GEMM."""
+    """``act(x @ W.T + bias)`` in FP8: x quantized per row (or as a producer quantized it, where its
+    key is the one the GEMM accepts: else a ValueError; ``usable_of`` tells the caller first), then
+    the FP8 GEMM."""
     if isinstance(x, QuantizedRows):
+        if x.key != fp8.accepts:
+            raise ValueError(f"fp8.linear: the input is quantized as {x.key}, this GEMM takes {fp8.accepts} "
+                             "(run the bf16 layer on x.dequantized())")
         return quantized_linear(tk, fp8, x.codes, x.scale, bias, x.dtype, activation)
     codes, scale = tk.quantize_fp8(x)
     return quantized_linear(tk, fp8, codes, scale, bias, x.dtype, activation)
@@ -157,13 +202,15 @@ def of(module: torch.nn.Module | None) -> Fp8Weight | None:
     return None if module is None else module.__dict__.get(_STATE)
 
 
-def usable_of(module: torch.nn.Module | None, x: torch.Tensor, inj=None) -> Fp8Weight | None:
-    """The layer's FP8 weight where its GEMM can take x now; else None (and `inj` hears why, a
-    fallback of kind ``fp8_linear``)."""
+def usable_of(module: torch.nn.Module | None, x: torch.Tensor | QuantizedRows, inj=None) -> Fp8Weight | None:
+    """The layer's FP8 weight where its GEMM can take x now (and, for QuantizedRows, accepts its
+    key); else None (and `inj` hears why, a fallback of kind ``fp8_linear``)."""
     fp8 = of(module)
     if fp8 is None:
         return None
-    why = unusable(x, module.weight)
+    why = unusable(x, module.weight, fp8.devices())
+    if why is None:
+        why = _key_mismatch(x, fp8)
     if why is None:
         return fp8
     if inj is not None:
@@ -171,19 +218,64 @@ def usable_of(module: torch.nn.Module | None, x: torch.Tensor, inj=None) -> Fp8W
     return None
 
 
-def takes_quantized(consumers: Iterable, x: torch.Tensor) -> bool:
-    """Whether every GEMM that reads x (``consumers``: linear layers, or ``MergedLinear``s) runs in FP8
-    on it now, so that its producer may emit QuantizedRows instead of the 16-bit tensor."""
-    consumers = list(consumers)
-    if not consumers:
-        return False
-    for c in consumers:
-        if isinstance(c, merging.MergedLinear):
-            if c.low_precision is None or not c.usable(x) or unusable(x, c.weight) is not None:
+def _key_mismatch(x, fp8: Fp8Weight) -> str | None:
+    if isinstance(x, QuantizedRows) and x.key != fp8.accepts:
+        return f"its input is quantized as {x.key}, its FP8 GEMM takes {fp8.accepts} (dequantized)"
+    return None
+
+
+def accepted(gemm) -> QuantKey | None:
+    """The key of the quantized activations `gemm` (a linear layer, or a ``MergedLinear``) consumes,
+    as inject declared it; None where it does not run in FP8."""
+    if isinstance(gemm, merging.MergedLinear):
+        gemm_fp8 = getattr(gemm.low_precision, "fp8", None) if gemm.enabled else None
+    else:
+        gemm_fp8 = of(gemm)
+    return None if gemm_fp8 is None else gemm_fp8.accepts
+
+
+class Site:
+    """One input a producer of ours computes, as ``apply`` planned it: the GEMMs that read it, each
+    running in FP8 and accepting ``ROW_E4M3``. The producer emits QuantizedRows where ``takes(x)``."""
+
+    __slots__ = ("gemms", "devices")
+
+    def __init__(self, gemms: tuple, devices: Callable[[], tuple[str, ...]]):
+        self.gemms, self.devices = gemms, devices
+
+    def takes(self, x: torch.Tensor) -> bool:
+        """Whether every GEMM takes x in FP8 now: the runtime conditions only (device, autocast, dtype,
+        gradients; a merge whose parameters were replaced merges again here, and its block is
+        planned again)."""
+        devices = self.devices()
+        for gemm in self.gemms:
+            if isinstance(gemm, merging.MergedLinear) and not gemm.usable(x):
                 return False
-        elif of(c) is None or unusable(x, c.weight) is not None:
-            return False
-    return True
+            if unusable(x, gemm.weight, devices) is not None:
+                return False
+        return True
+
+
+def produces(inj, block: torch.nn.Module, **inputs: Callable[[torch.nn.Module], list]) -> dict[str, Site | None]:
+    """Declares that `block`'s patched forward computes ``inputs`` with an op that has an FP8 twin:
+    each input's name, with the function that finds the GEMMs that read it (``input_gemms``, ...).
+    Returns the block's plan, input -> Site or None, which the forward reads: empty unless
+    ``inject(fp8=True)`` plans it (``apply``). Both kept on the block (``_tk_fp8_consumers``,
+    ``_tk_fp8_inputs``) until uninject."""
+    plan: dict[str, Site | None] = {}
+    block.__dict__[_CONSUMERS], block.__dict__[PLAN] = inputs, plan
+    inj.undo.append(lambda: [block.__dict__.pop(k, None) for k in (_CONSUMERS, PLAN)])
+    return plan
+
+
+def _plan(block: torch.nn.Module, devices: Callable[[], tuple[str, ...]]) -> None:
+    """Fills `block`'s plan: an input gets a Site where GEMMs read it and every one of them runs in
+    FP8 and accepts what the producer emits (ROW_E4M3), else None."""
+    planned = {}
+    for name, find in block.__dict__[_CONSUMERS].items():
+        gemms = tuple(find(block))
+        planned[name] = Site(gemms, devices) if gemms and all(accepted(g) == ROW_E4M3 for g in gemms) else None
+    block.__dict__[PLAN].update(planned)
 
 
 def input_gemms(module: torch.nn.Module, key: str, names: tuple[str, ...]) -> list:
@@ -235,37 +327,62 @@ def check_device(models: Iterable[torch.nn.Module]) -> None:
                 "on this GPU")
 
 
-def apply(model: torch.nn.Module, prefix: str, inj, exclude: Iterable[str]) -> None:
-    """Gives each selected linear layer of `model` its FP8 weight and forward, and each merge whose
-    projections are all selected its merged FP8 weight (its children then quantize their own only if
-    they run alone); records each for uninject and counts them in the report (``replaced["fp8_linear"]``,
-    ``fp8_layers``, ``fp8_weight_bytes``)."""
-    tk, report = inj.tk, inj.report
-    exclude = tuple(exclude)
+def check(tk: ModuleType, models: list[torch.nn.Module], training: bool) -> None:
+    """What refuses ``inject(fp8=True)`` before anything is patched: training, a GPU without FP8."""
+    if training:
+        raise ValueError("inject: fp8=True is for inference (FP8 layers have no backward); call it on a model in "
+                         "eval mode, or with training=False")
+    check_device(models)
+
+
+def apply(model: torch.nn.Module, prefix: str, inj, options: dict[str, Any]) -> int:
+    """Gives each selected linear layer of `model` (``options["exclude"]``: fnmatch patterns of paths
+    kept in bf16) its FP8 weight and forward, and each merge whose projections are all selected its
+    merged FP8 weight (its children then quantize their own only if they run alone); then plans the
+    producers' blocks (``produces``). Records each change for uninject, and the layers and their
+    bytes in ``report.extras["fp8"]``; returns how many layers."""
+    tk, record = inj.tk, inj.report.extras[SWITCH]
+    exclude = tuple(options["exclude"])
     chosen = {id(m): (path, m) for path, m in model.named_modules(prefix=prefix) if selected(path, m, exclude)}
     merged_children: set[int] = set()
     for module in model.modules():
         for merged in module.__dict__.get("_tk_merged", {}).values():
             children = [id(getattr(module, n, None)) for n in merged.names]
             if all(c in chosen for c in children):
-                merged.low_precision = _merged_gemm(tk, merged)
+                merged.low_precision = _merged_gemm(inj, merged)
                 inj.undo.append(lambda m=merged: setattr(m, "low_precision", None))
                 merged_children.update(children)
             else:  # one excluded: the merge runs in bf16, and with it all its projections
                 for c in children:
                     chosen.pop(c, None)
-    inj.fp8 = bool(chosen)
     for key, (path, module) in chosen.items():
-        module.__dict__[_STATE] = Fp8Weight(tk, lambda m=module: m.weight, lazy=key in merged_children)
+        module.__dict__[_STATE] = Fp8Weight(tk, lambda m=module: m.weight, lazy=key in merged_children,
+                                            accepts=ROW_E4M3, devices=inj.kernel_devices)
         inj.undo.append(lambda m=module: m.__dict__.pop(_STATE, None))
         inj.set_forward(module, _forward(inj, type(module).forward))
-        report.fp8_layers.append(path)
-        report.fp8_weight_bytes += weight_bytes(module)
-    if chosen:
-        report.replaced[KIND] = report.replaced.get(KIND, 0) + len(chosen)
-        report.ops[KIND] = OPS
-        report.fallbacks[KIND] = ("tensors off the GPU, autocast, an input of another dtype than the weight, or "
-                                  "gradients wanted: the bf16 projection")
+        record["layers"].append(path)
+        record["weight_bytes"] += weight_bytes(module)
+    for block in model.modules():
+        if _CONSUMERS in block.__dict__:
+            _plan_block(block, inj)
+    return len(chosen)
+
+
+def _plan_block(block: torch.nn.Module, inj) -> None:
+    """Plans `block` now, and again whenever a merge among its inputs' GEMMs is refreshed."""
+    replan = functools.partial(_plan, block, inj.kernel_devices)
+    replan()
+    plan = block.__dict__[PLAN]
+    inj.undo.append(plan.clear)
+    for find in block.__dict__[_CONSUMERS].values():
+        for gemm in find(block):
+            if isinstance(gemm, merging.MergedLinear):
+                gemm.on_refresh = replan
+                inj.undo.append(lambda g=gemm: setattr(g, "on_refresh", None))
+
+
+FALLBACK = ("tensors off the GPU, autocast, an input of another dtype than the weight, or gradients wanted: the "
+            "bf16 projection")
 
 
 def _forward(inj, original):
@@ -274,22 +391,55 @@ def _forward(inj, original):
 
     def forward(self, x):
         fp8 = usable_of(self, x, inj)
-        if fp8 is None:  # (a producer checks takes_quantized before it hands us codes: never in practice)
+        if fp8 is None:  # codes only from a producer whose plan and runtime check let it, or of another key
             return original(self, x.dequantized() if isinstance(x, QuantizedRows) else x)
         return linear(tk, fp8, x, self.bias)
 
     return forward
 
 
-def _merged_gemm(tk: ModuleType, merged: merging.MergedLinear):
+def _merged_gemm(inj, merged: merging.MergedLinear):
     """A merged projection's FP8 GEMM (``MergedLinear.low_precision``): its output where the GEMM takes
-    x, None where not (the merge then runs its bf16 GEMM)."""
-    fp8 = Fp8Weight(tk, lambda: merged.weight, lambda: (merged.weight, *merged._params))
+    x, None where not (the merge then runs its bf16 GEMM); QuantizedRows of a key it does not accept
+    run the bf16 GEMM on their dequantized values (a logged fallback)."""
+    tk = inj.tk
+    fp8 = Fp8Weight(tk, lambda: merged.weight, lambda: (merged.weight, *merged._params), accepts=ROW_E4M3,
+                    devices=inj.kernel_devices)
 
     def gemm(x: torch.Tensor | QuantizedRows) -> torch.Tensor | None:
-        if unusable(x, merged.weight) is None:
-            return linear(tk, fp8, x, merged.bias)
+        if unusable(x, merged.weight, fp8.devices()) is None:
+            why = _key_mismatch(x, fp8)
+            if why is None:
+                return linear(tk, fp8, x, merged.bias)
+            inj.fallback(KIND, why, instead="the bf16 merged projection")
         return None if not isinstance(x, QuantizedRows) else F.linear(x.dequantized(), merged.weight, merged.bias)
 
     gemm.fp8 = fp8
     return gemm
+
+
+def _exclude_patterns(value) -> tuple[str, ...]:
+    """``fp8_exclude``'s value: a sequence of fnmatch patterns (strings)."""
+    if isinstance(value, str):
+        raise TypeError(f"takes a sequence of module-path patterns, got the string {value!r}")
+    try:
+        patterns = tuple(value)
+    except TypeError:
+        raise TypeError(f"takes a sequence of module-path patterns, got {type(value).__name__} {value!r}") from None
+    bad = [p for p in patterns if not isinstance(p, str)]
+    if bad:
+        raise TypeError(f"takes module-path patterns (strings), got {type(bad[0]).__name__} {bad[0]!r}")
+    return patterns
+
+
+def _describe(record: dict[str, Any]) -> str | None:
+    if not record["layers"]:
+        return None
+    return (f"fp8: {len(record['layers'])} linear layers in FP8, {record['weight_bytes'] / 2**20:.1f} MiB of e4m3 "
+            "weights and scales beside the bf16 weights (kept for uninject)")
+
+
+# What the rule tables that serve FP8 carry (RuleTable.passes): inject(model, fp8=True, fp8_exclude=...).
+PASS = Pass(switch=SWITCH, kind=KIND, what="the FP8 layers", ops=OPS, apply=apply,
+            options=(Option("exclude", (), _exclude_patterns),), check=check, fallback=FALLBACK,
+            extras=lambda: {"layers": [], "weight_bytes": 0}, describe=_describe)

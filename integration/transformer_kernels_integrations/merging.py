@@ -97,6 +97,8 @@ class MergedLinear:
         self.on_fallback: Callable[[str], None] | None = None
         # set by inject(fp8=True) (fp8.py): the FP8 GEMM, giving its output, or None where it cannot take x
         self.low_precision: Callable[[torch.Tensor], torch.Tensor | None] | None = None
+        # told after each refresh() (inject(fp8=True) plans again what the block that feeds it emits)
+        self.on_refresh: Callable[[], None] | None = None
         self.merge()
 
     def _linears(self) -> list[torch.nn.Linear]:
@@ -155,6 +157,8 @@ class MergedLinear:
             self.merge()
         else:
             self._state = self._current_state()  # checked again only when the slots change again
+        if self.on_refresh is not None:
+            self.on_refresh()
 
     def usable(self, x: torch.Tensor) -> bool:
         """True where the merged GEMM gives what the separate projections give, gradients aside:

@@ -28,6 +28,12 @@ tensors off the GPU) runs the library's own code, and a merged projection that c
 in their forwards; the diffusers rules through ``Rule.kernel_devices``: ``Injection.set_forward``
 wraps their forwards and ``set_processor`` tells our attention processors which one they replace.
 
+Passes: a feature applied to a whole model after its rules (FP8 linear layers, ``fp8.PASS``) is a
+``Pass`` its tables carry (``RuleTable.passes``): off unless ``inject(model, <switch>=True)``, with
+options ``<switch>_<option>`` (``fp8_exclude``); ``inject`` takes, checks and refuses these keywords
+from the passes' declarations, as it does the rules' switches, and this module imports no feature.
+What a pass records beyond its count goes to ``report.extras[<switch>]``.
+
 Training (``inject`` on a model in training mode, or ``training=True``): ``for_training`` keeps a
 rule only where every op it needs under grad (``Rule.needs_backward``) has a backward (``tk.has_backward``),
 and skips the others with the reason; the merged-projection rules stay (their GEMM runs where no
@@ -48,7 +54,6 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from . import fp8 as fp8_layers
 from . import merging
 
 logger = logging.getLogger("transformer_kernels_integrations")
@@ -68,8 +73,10 @@ class InjectionReport:
     patched it (a rule's reason, or the switch that is off); ``fallbacks``: kind -> when its patched
     path runs the library's own code instead of the kernel; ``fallbacks_taken``: kind -> how often
     that happened since (updated while the model runs; not counted under torch.compile).
-    ``fp8_layers``: the paths of the linear layers ``inject(fp8=True)`` runs in FP8; ``fp8_weight_bytes``:
-    the memory their FP8 weights add (the bf16 weights are kept)."""
+    ``extras``: pass switch -> what that pass recorded, for each pass the models' tables carry (on
+    or off); ``report.<switch>_<key>`` reads ``extras[switch][key]``: ``report.fp8_layers``, the paths
+    of the linear layers ``inject(fp8=True)`` runs in FP8, and ``report.fp8_weight_bytes``, the memory
+    their FP8 weights add (the bf16 weights are kept)."""
 
     replaced: dict[str, int] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
@@ -78,12 +85,22 @@ class InjectionReport:
     switches: dict[str, bool] = field(default_factory=dict)
     training: bool = False  # injected for training: only rules whose ops have a backward
     ops: dict[str, tuple[str, ...]] = field(default_factory=dict)  # kind -> the ops it runs (docs/ops.md)
-    fp8_layers: list[str] = field(default_factory=list)
-    fp8_weight_bytes: int = 0
+    extras: dict[str, dict[str, Any]] = field(default_factory=dict)  # pass switch -> its record
+    # pass switch -> the line its record gives in the text (Pass.describe), or None for none
+    describe: dict[str, Callable[[dict[str, Any]], str | None]] = field(default_factory=dict, repr=False,
+                                                                       compare=False)
 
     @property
     def left(self) -> dict[str, str]:  # the name before the switches came
         return self.skipped
+
+    def __getattr__(self, name: str) -> Any:
+        """``<switch>_<key>``: ``extras[switch][key]`` (``fp8_layers``, ``fp8_weight_bytes``)."""
+        for switch, record in (self.__dict__.get("extras") or {}).items():
+            key = name[len(switch) + 1:]
+            if name.startswith(switch + "_") and key in record:
+                return record[key]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __str__(self) -> str:
         def kind(k: str, n: int) -> str:
@@ -102,9 +119,10 @@ class InjectionReport:
         for why, paths in sorted(by_reason.items()):
             shown = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
             lines.append(f"skipped {len(paths)} ({why}): {shown}")
-        if self.fp8_layers:
-            lines.append(f"fp8: {len(self.fp8_layers)} linear layers in FP8, {self.fp8_weight_bytes / 2**20:.1f} MiB of "
-                         "e4m3 weights and scales beside the bf16 weights (kept for uninject)")
+        for switch, record in sorted(self.extras.items()):
+            line = self.describe[switch](record) if switch in self.describe else None
+            if line:
+                lines.append(line)
         lines += [f"can fall back: {kind}: {when}" for kind, when in sorted(self.fallbacks.items())]
         lines += [f"fell back {n}x: {kind}" for kind, n in sorted(self.fallbacks_taken.items())]
         return "\n".join(lines)
@@ -139,12 +157,60 @@ class Rule:
 
 
 @dataclass(frozen=True)
+class Option:
+    """An option of a pass: the ``inject`` keyword ``<switch>_<name>`` (``fp8_exclude``), its value when
+    not given, and ``parse``: the value as the pass takes it, or a TypeError whose message says what
+    the keyword takes ("takes a sequence of module-path patterns, got ..."; inject names the keyword)."""
+
+    name: str
+    default: Any
+    parse: Callable[[Any], Any] = lambda value: value
+
+
+@dataclass(frozen=True)
+class Pass:
+    """A feature applied to each model after its rules, by every table that carries it
+    (``RuleTable.passes``): the FP8 linear layers (``fp8.PASS``). Off unless ``inject(...,
+    <switch>=True)``; its options are the keywords ``<switch>_<option>``, refused while it is off.
+    Before anything is patched, ``check(tk, models, training)`` may refuse it (training, the GPU), and
+    a kernel build without its ``ops`` is refused; after each model's rules, ``apply(model, prefix,
+    injection, options)`` patches and returns how many modules, which the report counts under
+    ``kind`` (with ``ops`` and ``fallback``, as for a rule). What else it records goes to
+    ``report.extras[switch]`` (``extras()``: the empty record, there for each pass the tables carry;
+    ``describe(record)``: the report's line, or None)."""
+
+    switch: str                                          # the inject keyword that turns it on
+    kind: str                                            # what the report calls the modules it patches
+    what: str                                            # what it turns on, for messages ("the FP8 layers")
+    ops: tuple[str, ...]                                 # the C++ ops it needs (docs/ops.md's names)
+    apply: Callable[[torch.nn.Module, str, "Injection", dict[str, Any]], int]
+    options: tuple[Option, ...] = ()
+    check: Callable[[ModuleType, list, bool], None] = lambda tk, models, training: None
+    fallback: str | None = None                          # when its patched path runs the library's code
+    extras: Callable[[], dict[str, Any]] = dict
+    describe: Callable[[dict[str, Any]], str | None] = lambda record: None
+
+    @property
+    def keywords(self) -> tuple[str, ...]:
+        """The ``inject`` keywords it takes: its switch, then its options'."""
+        return (self.switch, *(f"{self.switch}_{option.name}" for option in self.options))
+
+
+def _cuda() -> tuple[str, ...]:
+    return ("cuda",)
+
+
+@dataclass(frozen=True)
 class RuleTable:
-    """One library's rules, in the order they are tried, and the rules applied in training only
-    (tried first). The switches ``inject`` takes for it and what training keeps derive from it."""
+    """One library's rules, in the order they are tried, the rules applied in training only (tried
+    first), the passes applied after them, and the devices whose tensors its kernels take (read at
+    call time: the passes' forwards check it; the rules' through ``Rule.kernel_devices`` or their
+    forwards). The keywords ``inject`` takes for it and what training keeps derive from it."""
 
     rules: tuple[Rule, ...]
     training_rules: tuple[Rule, ...] = ()
+    passes: tuple[Pass, ...] = ()
+    kernel_devices: Callable[[], tuple[str, ...]] = _cuda
 
     @property
     def all_rules(self) -> tuple[Rule, ...]:
@@ -243,15 +309,14 @@ class Injection:
     """One ``inject`` call: the kernel module, strictness, the report, and the undo log of the model
     being patched. Patch functions call ``set_forward``/``set_processor``/``swap_global`` on it."""
 
-    def __init__(self, tk: ModuleType, strict: bool, report: InjectionReport, training: bool = False):
+    def __init__(self, tk: ModuleType, strict: bool, report: InjectionReport, training: bool = False,
+                 kernel_devices: Callable[[], tuple[str, ...]] = _cuda):
         self.tk, self.strict, self.report, self.training = tk, strict, report, training
+        self.kernel_devices = kernel_devices  # the table's (RuleTable.kernel_devices), for the passes
         self._has_backward = getattr(tk, "has_backward", lambda name: False)
         self._logged: set[tuple[str, str]] = set()
         self.undo: list[Callable[[], None]] = []
         self.rule: Rule | None = None  # the rule being applied (apply_rules sets it before its patch)
-        # set by fp8.apply where a layer of the model runs in FP8: patched forwards that can emit FP8
-        # inputs look for FP8 consumers only then (one attribute read per call otherwise)
-        self.fp8 = False
 
     def ours(self, op: str) -> bool:
         """Whether a patched forward runs our op `op` (the C++ op's name): always in inference; in
@@ -370,21 +435,75 @@ def check_switches(switches: dict[str, bool], known: Iterable[str], where: str) 
     return {name: switches.get(name, True) for name in known}
 
 
-def apply_rules(models: Iterable[tuple[str, torch.nn.Module, tuple[Rule, ...]]], tk: ModuleType, *,
+def passes_of(tables: Iterable[RuleTable]) -> dict[str, Pass]:
+    """The passes the tables carry, by switch (a pass two tables carry, once)."""
+    found: dict[str, Pass] = {}
+    for table in tables:
+        for p in table.passes:
+            if found.setdefault(p.switch, p) is not p:
+                raise ValueError(f"two passes have the switch {p.switch!r}")
+    return found
+
+
+def check_keywords(keywords: dict[str, Any], tables: Iterable[RuleTable],
+                   where: str) -> tuple[dict[str, bool], dict[str, dict[str, Any]]]:
+    """``inject``'s keywords against what `tables` declare: the rules' switches (each on unless given
+    False), and the passes that are on (switch -> its options, parsed, defaults filled in). Refused,
+    naming the keyword: an unknown one (TypeError naming the known ones), a switch that is not True
+    or False, an option its pass refuses (TypeError), an option given while its pass is off
+    (ValueError)."""
+    tables = tuple(tables)
+    passes = passes_of(tables)
+    pass_keywords = {k for p in passes.values() for k in p.keywords}
+    rule_switches = switches_of(rule for table in tables for rule in table.all_rules)
+    unknown = sorted(set(keywords) - set(rule_switches) - pass_keywords)
+    if unknown and passes:
+        listed = ", ".join(f"{p.switch} ({p.what}" + (f"; options {', '.join(p.keywords[1:])}" if p.options else "")
+                           + ")" for _, p in sorted(passes.items()))
+        raise TypeError(f"{where}: unknown switch(es) {unknown}; the switches are {list(rule_switches)}, and the "
+                        f"passes (off unless given True) {listed}")
+    switches = check_switches({k: v for k, v in keywords.items() if k not in pass_keywords}, rule_switches, where)
+    on: dict[str, dict[str, Any]] = {}
+    for switch, p in sorted(passes.items()):
+        value = keywords.get(switch, False)
+        if not isinstance(value, bool):
+            raise TypeError(f"{where}: {switch} takes True or False, got {value!r}")
+        options = {}
+        for option in p.options:
+            keyword = f"{switch}_{option.name}"
+            if keyword not in keywords:
+                options[option.name] = option.default
+                continue
+            try:
+                options[option.name] = option.parse(keywords[keyword])
+            except TypeError as e:
+                raise TypeError(f"{where}: {keyword} {e}") from None
+            if not value and options[option.name] != option.default:
+                raise ValueError(f"{where}: {keyword} is given but {switch} is off ({switch}=True turns {p.what} on)")
+        if value:
+            on[switch] = options
+    return switches, on
+
+
+def apply_rules(models: Iterable[tuple[str, torch.nn.Module, RuleTable]], tk: ModuleType, *,
                 switches: dict[str, bool], strict: bool = False, training: bool = False,
-                fp8_exclude: Iterable[str] | None = None) -> InjectionReport:
-    """Patches each (path prefix, model, rules) in place; returns the report. A model injected
-    already must be uninjected first (its undo log would otherwise mix two injections).
-    ``training``: the rules are ``for_training``'s, and the patches' ``Injection.ours`` says which
-    ops have a backward. ``fp8_exclude`` (None: FP8 off): after the rules, the large linear layers
-    of the blocks but these run in FP8 (``fp8.py``)."""
+                passes: dict[str, dict[str, Any]] | None = None) -> InjectionReport:
+    """Patches each (path prefix, model, table) in place with the table's rules (``rules_for``);
+    returns the report. A model injected already must be uninjected first (its undo log would
+    otherwise mix two injections). ``training``: the rules are ``for_training``'s, and the patches'
+    ``Injection.ours`` says which ops have a backward. ``passes`` (switch -> options): after a
+    model's rules, its table's passes that are on, in the table's order."""
     models = list(models)
+    passes = passes or {}
     for prefix, model, _ in models:
         if hasattr(model, UNDO_ATTR):
             raise ValueError(f"inject: {prefix or type(model).__name__} is injected already; call uninject() first")
     report = InjectionReport(switches=dict(switches), training=training)
-    for prefix, model, rules in models:
-        injection = Injection(tk, strict, report, training)
+    for switch, p in passes_of(table for _, _, table in models).items():
+        report.extras[switch], report.describe[switch] = p.extras(), p.describe
+    for prefix, model, table in models:
+        rules = table.rules_for(tk, training, strict)
+        injection = Injection(tk, strict, report, training, table.kernel_devices)
         claimed: set[int] = set()
         for path, module in model.named_modules(prefix=prefix):
             name = type(module).__name__
@@ -403,21 +522,28 @@ def apply_rules(models: Iterable[tuple[str, torch.nn.Module, tuple[Rule, ...]]],
                 injection.rule = rule
                 rule.patch(module, injection)
                 injection.rule = None
-                report.replaced[rule.kind] = report.replaced.get(rule.kind, 0) + 1
-                report.ops[rule.kind] = rule.ops or ()
-                if rule.fallback:
-                    report.fallbacks[rule.kind] = rule.fallback
+                _count(report, rule.kind, 1, rule.ops or (), rule.fallback)
                 claimed.update(id(getattr(module, child)) for child in rule.claims if hasattr(module, child))
                 if not rule.also:
                     break
             else:
                 if reasons:
                     report.skipped[path or name] = "; ".join(reasons)
-        if fp8_exclude is not None:
-            fp8_layers.apply(model, prefix, injection, fp8_exclude)
+        for p in table.passes:
+            if p.switch in passes:
+                patched = p.apply(model, prefix, injection, passes[p.switch])
+                if patched:
+                    _count(report, p.kind, patched, p.ops, p.fallback)
         # set even when nothing was patched, so that uninject() of an injected model always works
         object.__setattr__(model, UNDO_ATTR, injection.undo)
     return report
+
+
+def _count(report: InjectionReport, kind: str, patched: int, ops: tuple[str, ...], fallback: str | None) -> None:
+    report.replaced[kind] = report.replaced.get(kind, 0) + patched
+    report.ops[kind] = ops
+    if fallback:
+        report.fallbacks[kind] = fallback
 
 
 def uninject_models(models: Iterable[torch.nn.Module]) -> int:
@@ -460,21 +586,14 @@ def for_training(rules: Iterable[Rule], tk: ModuleType, *, strict: bool = False)
 
 
 def inject_models(models: Iterable[tuple[str, torch.nn.Module, RuleTable]], tk: ModuleType | None, *,
-                  switches: dict[str, bool], known_switches: Iterable[str], strict: bool = False,
-                  training: bool | None = None, fp8: bool = False,
-                  fp8_exclude: Iterable[str] = ()) -> InjectionReport:
-    """What every ``inject`` does: checks the switches against `known_switches`, loads the kernel
-    (`tk` None: ``loading.load_kernel()``), decides training (None: whether any model is in
-    training mode), and applies each (path prefix, model, table)'s rules for it; with ``fp8``, the
-    FP8 linear layers after them (inference only; refused on GPUs without FP8 tensor cores)."""
-    on = check_switches(switches, known_switches, "inject")
-    if not isinstance(fp8, bool):
-        raise TypeError(f"inject: fp8 takes True or False, got {fp8!r}")
-    if isinstance(fp8_exclude, str):
-        raise TypeError(f"inject: fp8_exclude takes a sequence of module-path patterns, got the string {fp8_exclude!r}")
-    fp8_exclude = tuple(fp8_exclude)
-    if fp8_exclude and not fp8:
-        raise ValueError("inject: fp8_exclude is given but fp8 is off (fp8=True turns the FP8 layers on)")
+                  keywords: dict[str, Any], tables: Iterable[RuleTable], strict: bool = False,
+                  training: bool | None = None) -> InjectionReport:
+    """What every ``inject`` does: checks its keywords against what `tables` declare
+    (``check_keywords``: the rules' switches, the passes' switches and options), loads the kernel
+    (`tk` None: ``loading.load_kernel()``), decides training (None: whether any model is in training
+    mode), lets each pass that is on refuse (``Pass.check``; a build without its ops), and applies
+    each (path prefix, model, table)'s rules, then its passes."""
+    switches, passes = check_keywords(keywords, tables, "inject")
     models = list(models)
     if tk is None:
         from .loading import load_kernel
@@ -482,13 +601,12 @@ def inject_models(models: Iterable[tuple[str, torch.nn.Module, RuleTable]], tk: 
         tk = load_kernel()
     if training is None:
         training = any(m.training for _, m, _ in models)
-    if fp8:
-        if training:
-            raise ValueError("inject: fp8=True is for inference (FP8 layers have no backward); call it on a model in "
-                             "eval mode, or with training=False")
-        if not all(hasattr(tk, op) for op in fp8_layers.OPS):
-            raise ValueError(f"inject: fp8=True needs the kernel's {' and '.join(fp8_layers.OPS)}; this build has "
-                             "none (update the kernel)")
-        fp8_layers.check_device(m for _, m, _ in models)
-    return apply_rules([(prefix, m, table.rules_for(tk, training, strict)) for prefix, m, table in models], tk,
-                       switches=on, strict=strict, training=training, fp8_exclude=fp8_exclude if fp8 else None)
+    for switch, p in passes_of(table for _, _, table in models).items():
+        if switch not in passes:
+            continue
+        p.check(tk, [m for _, m, table in models if p in table.passes], training)
+        missing = [op for op in p.ops if not hasattr(tk, op)]
+        if missing:
+            raise ValueError(f"inject: {switch}=True needs the kernel's {', '.join(missing)}; this build lacks "
+                             f"{'it' if len(missing) == 1 else 'them'} (update the kernel)")
+    return apply_rules(models, tk, switches=switches, strict=strict, training=training, passes=passes)

@@ -5,6 +5,7 @@ weight updated in place quantized again, the fallbacks, and the refusals. On the
 run (tests/gemm, tests/norm, tests/quant, and the end-to-end benchmarks for the quality)."""
 
 import copy
+import enum
 import logging
 import types
 
@@ -23,7 +24,7 @@ from reference.fp8 import quantize_fp8_rowwise  # noqa: E402
 
 transformers = pytest.importorskip("transformers")
 from test_integration_transformers import small_model  # noqa: E402
-from transformer_kernels_integrations import KernelFallbackError, diffusers_models, fp8, inject  # noqa: E402
+from transformer_kernels_integrations import KernelFallbackError, diffusers_models, fp8, inject, merging  # noqa: E402
 from transformer_kernels_integrations import transformers_models, uninject  # noqa: E402
 
 LLAMA_FP8 = [f"model.layers.{i}.{p}" for i in range(2) for p in (
@@ -33,8 +34,8 @@ LLAMA_FP8 = [f"model.layers.{i}.{p}" for i in range(2) for p in (
 
 @pytest.fixture
 def cpu_fp8(monkeypatch):
-    """The stand-ins take CPU tensors; the small models' 64-wide layers count as large."""
-    monkeypatch.setattr(fp8, "KERNEL_DEVICES", ("cpu",))
+    """The stand-ins take CPU tensors (the tables' devices: the FP8 layers have no gate of their own);
+    the small models' 64-wide layers count as large."""
     monkeypatch.setattr(fp8, "FP8_MIN_FEATURES", 16)
     monkeypatch.setattr(transformers_models, "KERNEL_DEVICES", ("cpu",))
     monkeypatch.setattr(diffusers_models, "KERNEL_DEVICES", ("cuda", "cpu"))
@@ -230,3 +231,201 @@ def test_ltx_output_is_the_reference_fp8_model_s(cpu_fp8):
         ours, want = model(**ltx_inputs(torch.bfloat16))[0], ref(**ltx_inputs(torch.bfloat16))[0]
     differ = (ours != want).sum().item()
     assert differ == 0, f"{differ} of {ours.numel()} elements differ from the reference FP8 model"
+
+
+# ---- FP8 as a pass of the tables; the quant contract decided once at inject ----
+
+def test_fp8_is_a_pass_of_both_tables():
+    """The engine sees FP8 only as the pass its tables carry: fp8 and fp8_exclude are its keywords."""
+    assert transformers_models.TABLE.passes == diffusers_models.TABLE.passes == (fp8.PASS,)
+    assert fp8.PASS.keywords == ("fp8", "fp8_exclude") and fp8.PASS.ops == fp8.OPS
+    assert "fp8" not in transformers_models.SWITCHES  # a pass, off by default: not a rule switch
+
+
+def counting_walks(monkeypatch):
+    """Counts the calls of the functions that find the GEMMs reading a producer's output."""
+    walks = {"n": 0}
+    for name in ("input_gemms", "feed_forward_input_gemms"):
+        def counted(*args, _f=getattr(fp8, name), **kwargs):
+            walks["n"] += 1
+            return _f(*args, **kwargs)
+        monkeypatch.setattr(fp8, name, counted)
+    return walks
+
+
+@pytest.mark.parametrize("merge", [True, False], ids=["merged", "unmerged"])
+def test_llama_producers_are_planned_once_at_inject(cpu_fp8, monkeypatch, merge):
+    """Which norms emit FP8 is decided when the pass applies (their consumers found once), stored on
+    the block; forward calls walk no consumers; a merge refreshed (.to()) plans its block again."""
+    walks = counting_walks(monkeypatch)
+    model = llama()
+    ref = with_reference_fp8(model, LLAMA_FP8)
+    kernels = CountingKernels(eager_kernel())
+    inject(model, kernels, fp8=True, merge_projections=merge)
+    assert walks["n"] > 0
+    layer = model.model.layers[0]
+    plan = layer.__dict__[fp8.PLAN]
+    assert set(plan) == {"attn", "mlp"} and all(isinstance(site, fp8.Site) for site in plan.values())
+    assert [type(g).__name__ for g in plan["attn"].gemms] == (["MergedLinear"] if merge else ["Linear"] * 3)
+    walks["n"] = 0
+    with torch.no_grad():
+        model(IDS)
+        model(IDS)
+    assert walks["n"] == 0, f"{walks['n']} consumer walks in two forward calls"
+    assert kernels.calls.get("rms_norm_fp8") == 4 and kernels.calls.get("fused_add_rms_norm_fp8") == 4
+    model.to(torch.bfloat16)  # the merges refresh: their blocks are planned again
+    assert (walks["n"] > 0) == merge
+    walks["n"] = 0
+    with torch.no_grad():
+        assert torch.equal(model(IDS).logits, ref(IDS).logits)
+    assert walks["n"] == 0
+    uninject(model)
+    assert all(k not in vars(m) for m in model.modules() for k in ("_tk_fp8", "_tk_fp8_consumers", "_tk_fp8_inputs"))
+
+
+def test_ltx_producers_are_planned_once_at_inject(cpu_fp8, monkeypatch):
+    from test_integration_diffusers import ltx_inputs, small_ltx
+
+    walks = counting_walks(monkeypatch)
+    model = small_ltx(torch.bfloat16)
+    kernels = CountingKernels(eager_kernel())
+    inject(model, kernels, fp8=True)
+    plan = model.transformer_blocks[0].__dict__[fp8.PLAN]
+    assert set(plan) == {"attn1", "ff"} and None not in plan.values()
+    walks["n"] = 0
+    with torch.no_grad():
+        model(**ltx_inputs(torch.bfloat16))
+    assert walks["n"] == 0
+    assert kernels.calls.get("norm_modulate_fp8") == 2 and kernels.calls.get("gated_add_norm_modulate_fp8") == 2
+
+
+def test_without_fp8_the_producers_plan_nothing(cpu_fp8):
+    model = llama()
+    kernels = CountingKernels(eager_kernel())
+    report = inject(model, kernels)
+    assert model.model.layers[0].__dict__[fp8.PLAN] == {}
+    with torch.no_grad():
+        model(IDS)
+    assert not any(name.endswith("_fp8") for name in kernels.calls), kernels.calls
+    assert report.extras == {"fp8": {"layers": [], "weight_bytes": 0}} and report.fp8_layers == []
+    assert "fp8" not in str(report)
+
+
+def test_the_report_keeps_fp8_s_record_in_extras(cpu_fp8):
+    model = llama()
+    report = inject(model, eager_kernel(), fp8=True)
+    modules = dict(model.named_modules())
+    weight_bytes = sum(modules[p].out_features * (modules[p].in_features + 4) for p in LLAMA_FP8)
+    assert report.extras["fp8"] == {"layers": LLAMA_FP8, "weight_bytes": weight_bytes}
+    assert report.fp8_layers is report.extras["fp8"]["layers"] and report.fp8_weight_bytes == weight_bytes
+    assert (f"fp8: 14 linear layers in FP8, {weight_bytes / 2**20:.1f} MiB of e4m3 weights and scales beside the "
+            "bf16 weights (kept for uninject)") in str(report).splitlines()
+    assert report.fallbacks["fp8_linear"].startswith("tensors off the GPU, autocast")
+    with pytest.raises(AttributeError):
+        report.fp8_nothing
+    assert copy.deepcopy(report).extras == report.extras
+
+
+class OtherKey(enum.Enum):
+    """A key no GEMM of ours accepts (a coming precision's, say)."""
+
+    ROW_E5M2 = ("float8_e5m2", "row")
+    __str__ = fp8.QuantKey.__str__
+
+
+def other_key_rows(x):
+    """x as QuantizedRows of a key no GEMM of ours takes (e5m2 codes, a scale per row)."""
+    scale = x.float().abs().amax(-1, keepdim=True) / 57344.0
+    codes = (x.float() / scale).to(torch.float8_e5m2)
+    return fp8.QuantizedRows(codes, scale, x.dtype, OtherKey.ROW_E5M2)
+
+
+@pytest.mark.parametrize("merge", [True, False], ids=["merged", "unmerged"])
+def test_a_gemm_given_a_key_it_does_not_accept_runs_bf16_on_the_dequantized_input(cpu_fp8, caplog, merge):
+    model = llama()
+    inject(model, eager_kernel(), fp8=True, merge_projections=merge)
+    attn = model.model.layers[0].self_attn
+    x = torch.randn(2, 5, 64, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    rows = other_key_rows(x)
+    with caplog.at_level(logging.WARNING, logger="transformer_kernels_integrations"), torch.no_grad():
+        if merge:
+            out = merging.merged_of(attn, "qkv")(rows)
+            want = F.linear(rows.dequantized(), merging.merged_of(attn, "qkv").weight)
+        else:
+            out = attn.q_proj(rows)
+            want = F.linear(rows.dequantized(), attn.q_proj.weight)
+    assert torch.equal(out, want)
+    assert any("fp8_linear runs the bf16" in r.getMessage() and "quantized as float8_e5m2 per row, its FP8 GEMM "
+               "takes float8_e4m3fn per row" in r.getMessage() for r in caplog.records), caplog.text
+    with pytest.raises(ValueError, match="quantized as float8_e5m2 per row, this GEMM takes float8_e4m3fn per row"):
+        fp8.linear(eager_kernel(), fp8.of(attn.q_proj) or fp8.of(attn.o_proj), rows, None)
+    uninject(model)
+    inject(model, eager_kernel(), fp8=True, merge_projections=merge, strict=True)
+    with pytest.raises(KernelFallbackError), torch.no_grad():
+        model.model.layers[0].self_attn.o_proj(other_key_rows(torch.zeros(2, 64, dtype=torch.bfloat16)))
+
+
+def test_a_producer_emits_fp8_only_for_consumers_that_accept_its_key(cpu_fp8):
+    """A consumer that declares another key (the next precision) makes its producer emit 16 bits: the
+    plan, made again when its merge refreshes, says so; the others stay in FP8."""
+    model = llama()
+    kernels = CountingKernels(eager_kernel())
+    inject(model, kernels, fp8=True)
+    merged = merging.merged_of(model.model.layers[0].self_attn, "qkv")
+    merged.low_precision.fp8.accepts = OtherKey.ROW_E5M2
+    merged.refresh()
+    assert model.model.layers[0].__dict__[fp8.PLAN]["attn"] is None
+    kernels.calls.clear()
+    with torch.no_grad():
+        model(IDS)
+    assert kernels.calls.get("rms_norm_fp8") == 1 and kernels.calls.get("fused_add_rms_norm_fp8") == 2
+
+
+def test_fp8_layers_follow_the_table_s_devices(cpu_fp8, monkeypatch, caplog):
+    """One device gate: the FP8 layers read their table's (transformers_models.KERNEL_DEVICES here)."""
+    model = llama()
+    expected = llama()(IDS).logits
+    report = inject(model, eager_kernel(), fp8=True)
+    monkeypatch.setattr(transformers_models, "KERNEL_DEVICES", ("cuda",))
+    with caplog.at_level(logging.WARNING, logger="transformer_kernels_integrations"), torch.no_grad():
+        assert torch.equal(model(IDS).logits, expected)
+    assert report.fallbacks_taken.get("fp8_linear", 0) >= len(LLAMA_FP8)
+    assert any("fp8_linear runs the bf16 projection: tensors on cpu, not the GPU" in r.getMessage()
+               for r in caplog.records)
+
+
+@pytest.mark.parametrize("entry", ["top", "transformers", "diffusers"])
+def test_fp8_keywords_are_checked_by_every_inject(cpu_fp8, entry):
+    """The pass's keywords are refused as before, naming the argument, by each inject."""
+    call = {"top": inject, "transformers": transformers_models.inject, "diffusers": diffusers_models.inject}[entry]
+    model, tk = llama(), eager_kernel()
+    with pytest.raises(ValueError, match=r"inject: fp8_exclude is given but fp8 is off \(fp8=True turns the FP8 "):
+        call(model, tk, fp8_exclude=["*.mlp.*"])
+    with pytest.raises(TypeError, match="inject: fp8 takes True or False, got 'yes'"):
+        call(model, tk, fp8="yes")
+    with pytest.raises(TypeError, match="inject: fp8 takes True or False, got 1"):
+        call(model, tk, fp8=1)
+    with pytest.raises(TypeError, match="inject: fp8_exclude takes a sequence of module-path patterns, got the str"):
+        call(model, tk, fp8=True, fp8_exclude="*.mlp.*")
+    with pytest.raises(TypeError, match="inject: fp8_exclude takes a sequence of module-path patterns, got int 5"):
+        call(model, tk, fp8=True, fp8_exclude=5)
+    with pytest.raises(TypeError, match=r"inject: fp8_exclude takes module-path patterns \(strings\), got int 3"):
+        call(model, tk, fp8=True, fp8_exclude=["*.mlp.*", 3])
+    with pytest.raises(TypeError, match=r"unknown switch\(es\) \['fp8_include'\]; the switches are .*the passes "
+                                        r"\(off unless given True\) fp8 \(the FP8 layers; options fp8_exclude\)"):
+        call(model, tk, fp8=True, fp8_include=["*"])
+    assert not hasattr(model, "_transformer_kernels_undo")
+    report = call(model, tk, fp8=True, fp8_exclude=iter(["*.mlp.*"]))  # any iterable of patterns
+    assert report.fp8_layers == [p for p in LLAMA_FP8 if ".mlp." not in p]
+
+
+def test_the_fp8_llama_traces_whole(cpu_fp8):
+    """The plan, the keys and the runtime checks trace without graph breaks (dynamo alone: the
+    stand-ins' rounding stays eager's), and the compiled logits are the eager FP8 model's."""
+    model = llama()
+    inject(model, eager_kernel(), fp8=True)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        expected = model(IDS).logits
+        compiled = torch.compile(lambda ids: model(ids).logits, backend="eager", fullgraph=True)(IDS)
+    assert torch.equal(compiled, expected)

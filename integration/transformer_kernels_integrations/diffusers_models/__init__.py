@@ -42,10 +42,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 from types import ModuleType
-from typing import Iterable
 
 import torch
 
+from .. import fp8
 from ..patching import InjectionReport, Rule, RuleTable, inject_models, uninject_models
 from . import adaln, flux, generic, ltx, sd
 from .flux import FluxAttnProcessor
@@ -54,8 +54,9 @@ from .ltx import LTXAttnProcessor, LTXRopeCoords, ltx_rope_coords
 __all__ = ["KERNEL_DEVICES", "RULES", "SWITCHES", "TABLE", "FluxAttnProcessor", "LTXAttnProcessor", "LTXRopeCoords",
            "components", "inject", "ltx_rope_coords", "rules_for", "uninject"]
 
-# Tensors off these devices run diffusers' own code (Rule.kernel_devices): a model on the CPU never
-# reaches a kernel. The merges need no guard: their GEMM runs anywhere.
+# Tensors off these devices run diffusers' own code (Rule.kernel_devices; the table's, read by its
+# passes: the FP8 layers run their bf16 code): a model on the CPU never reaches a kernel. The merges
+# need no guard: their GEMM runs anywhere.
 KERNEL_DEVICES = ("cuda",)
 _OFF_GPU = "tensors off the GPU: diffusers' own code"
 
@@ -73,7 +74,7 @@ def _guarded(rule: Rule) -> Rule:
 
 
 RULES: tuple[Rule, ...] = tuple(map(_guarded, (*ltx.RULES, *flux.RULES, *adaln.RULES, *sd.RULES, *generic.RULES)))
-TABLE = RuleTable(RULES)
+TABLE = RuleTable(RULES, passes=(fp8.PASS,), kernel_devices=_kernel_devices)
 SWITCHES = TABLE.switches
 
 
@@ -93,18 +94,19 @@ def rules_for(tk: ModuleType, training: bool, strict: bool = False) -> tuple[Rul
 
 
 def inject(pipe_or_model, tk: ModuleType | None = None, *, strict: bool = False, training: bool | None = None,
-           fp8: bool = False, fp8_exclude: Iterable[str] = (), **switches: bool) -> InjectionReport:
+           **switches) -> InjectionReport:
     """Patches every supported module of a pipeline's components (or of one model) in place.
 
     Returns what was replaced, by kind, the matching modules skipped with the reason, and which
     patched paths can fall back at run time. Switches (keywords, all on by default; ``False`` leaves
     that op kind to diffusers): {switches}. ``strict=True``: a run-time fallback raises.
     ``training`` (default: whether any of the models is in training mode): only the rules whose ops
-    have a backward (see the module docstring). ``fp8=True`` (off by default; inference on GPUs with FP8 tensor cores, compute capability 8.9+):
-    the large linear layers of the blocks run as FP8 GEMMs (``fp8.py``: which layers, what stays bf16,
-    memory); ``fp8_exclude``: ``fnmatch`` patterns of module paths kept in bf16. Undo with ``uninject``."""
-    return inject_models([(name, m, TABLE) for name, m in components(pipe_or_model)], tk, switches=switches,
-                         known_switches=SWITCHES, strict=strict, training=training, fp8=fp8, fp8_exclude=fp8_exclude)
+    have a backward (see the module docstring). ``fp8=True`` (a pass of the table, ``fp8.PASS``; off by
+    default; inference on GPUs with FP8 tensor cores, compute capability 8.9+): the large linear layers
+    of the blocks run as FP8 GEMMs (``fp8.py``: which layers, what stays bf16, memory);
+    ``fp8_exclude``: ``fnmatch`` patterns of module paths kept in bf16. Undo with ``uninject``."""
+    return inject_models([(name, m, TABLE) for name, m in components(pipe_or_model)], tk, keywords=switches,
+                         tables=(TABLE,), strict=strict, training=training)
 
 
 inject.__doc__ = inject.__doc__.format(switches=", ".join(f"``{s}``" for s in SWITCHES))

@@ -38,6 +38,8 @@ def _patch_linear_gelu(module: torch.nn.Module, inj) -> None:
         fp8_weight = fp8.usable_of(proj, hidden_states, inj)
         if fp8_weight is not None:
             return fp8.linear(tk, fp8_weight, hidden_states, proj.bias, "gelu_tanh")
+        if isinstance(hidden_states, fp8.QuantizedRows):  # of a key its GEMM does not take (usable_of said so)
+            hidden_states = hidden_states.dequantized()
         if hidden_states.dtype != proj.weight.dtype or torch.is_autocast_enabled(hidden_states.device.type):
             why = ("autocast is on" if torch.is_autocast_enabled(hidden_states.device.type)
                    else f"input {hidden_states.dtype}, weight {proj.weight.dtype}")

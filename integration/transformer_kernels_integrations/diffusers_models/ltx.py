@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from types import ModuleType
-from typing import Callable, NamedTuple
+from typing import Callable, Mapping, NamedTuple
 
 import torch
 
@@ -18,14 +18,15 @@ from .common import MERGED_FALLBACK, QKV, KernelProcessor, merged_projection, pr
 KV = ("to_k", "to_v")
 
 
-def _ltx_block_forward(tk: ModuleType, fp8_on: Callable[[], bool] = lambda: False) -> Callable:
+def _ltx_block_forward(tk: ModuleType, plan: Mapping[str, fp8.Site | None] | None = None) -> Callable:
     """``LTXVideoTransformerBlock.forward`` with the modulations and residuals fused:
     norm1 + AdaLN in one kernel, the gated attention residual, the cross-attention residual fused
     with norm2 + AdaLN, and the gated FFN residual. Under ``inject(fp8=True)``, a modulated norm whose
     consumer GEMMs all run in FP8 (the self-attention's q/k/v under our processor; the FFN's input
     projection) emits its output's codes and row scales in the same pass (``norm_modulate_fp8``,
-    ``gated_add_norm_modulate_fp8``); ``fp8_on()`` says whether any layer of the model does (else
-    nothing is looked up)."""
+    ``gated_add_norm_modulate_fp8``): `plan` (``fp8.produces``, planned once by ``fp8.apply``) says
+    which, the call only whether the runtime conditions allow it (``Site.takes``)."""
+    plan = {} if plan is None else plan
 
     def forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb=None,
                 encoder_attention_mask=None):
@@ -35,12 +36,11 @@ def _ltx_block_forward(tk: ModuleType, fp8_on: Callable[[], bool] = lambda: Fals
             batch_size, temb.size(1), num_ada_params, -1)
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = ada_values.unbind(dim=2)
 
-        fp8_layers = fp8_on()
-        if fp8_layers and isinstance(self.attn1.processor, LTXAttnProcessor) and fp8.takes_quantized(
-                fp8.input_gemms(self.attn1, "qkv", QKV), hidden_states):
+        site = plan.get("attn1")
+        if site is not None and site.takes(hidden_states):
             codes, scale = tk.norm_modulate_fp8(hidden_states, scale_msa, shift_msa, norm="rms",
                                                 weight=self.norm1.weight, eps=self.norm1.eps)
-            norm_hidden_states = fp8.QuantizedRows(codes, scale, hidden_states.dtype)
+            norm_hidden_states = fp8.QuantizedRows(codes, scale, hidden_states.dtype, fp8.ROW_E4M3)
         else:
             norm_hidden_states = tk.norm_modulate(hidden_states, scale_msa, shift_msa, norm="rms",
                                                   weight=self.norm1.weight, eps=self.norm1.eps)
@@ -49,11 +49,12 @@ def _ltx_block_forward(tk: ModuleType, fp8_on: Callable[[], bool] = lambda: Fals
         hidden_states = tk.gated_add(hidden_states, attn_hidden_states, gate_msa)
         attn_hidden_states = self.attn2(hidden_states, encoder_hidden_states=encoder_hidden_states,
                                         image_rotary_emb=None, attention_mask=encoder_attention_mask)
-        if fp8_layers and fp8.takes_quantized(fp8.feed_forward_input_gemms(self.ff), hidden_states):
+        site = plan.get("ff")
+        if site is not None and site.takes(hidden_states):
             codes, scale, hidden_states = tk.gated_add_norm_modulate_fp8(
                 hidden_states, attn_hidden_states, None, scale_mlp, shift_mlp, norm="rms",
                 weight=self.norm2.weight, eps=self.norm2.eps)
-            norm_hidden_states = fp8.QuantizedRows(codes, scale, hidden_states.dtype)
+            norm_hidden_states = fp8.QuantizedRows(codes, scale, hidden_states.dtype, fp8.ROW_E4M3)
         else:
             norm_hidden_states, hidden_states = tk.gated_add_norm_modulate(
                 hidden_states, attn_hidden_states, None, scale_mlp, shift_mlp, norm="rms",
@@ -210,6 +211,24 @@ def _ltx_merged_projections_skip(block: torch.nn.Module) -> str | None:
     return "; ".join(reasons)
 
 
+def _self_attention_gemms(block: torch.nn.Module) -> list:
+    """The GEMMs that read the self-attention's input: its q/k/v, where our processor (which takes
+    QuantizedRows) runs it."""
+    attn = block.attn1
+    return fp8.input_gemms(attn, "qkv", QKV) if isinstance(attn.processor, LTXAttnProcessor) else []
+
+
+def _feed_forward_gemms(block: torch.nn.Module) -> list:
+    return fp8.feed_forward_input_gemms(block.ff)
+
+
+def _patch_ltx_block(block: torch.nn.Module, inj) -> None:
+    """The fused block forward; its two modulated norms produce the self-attention's and the FFN's
+    inputs (``fp8.produces``: in FP8 where inject(fp8=True) plans it)."""
+    plan = fp8.produces(inj, block, attn1=_self_attention_gemms, ff=_feed_forward_gemms)
+    inj.set_forward(block, _ltx_block_forward(inj.tk, plan))
+
+
 def _merge_ltx_block(block: torch.nn.Module, inj) -> None:
     for name, key, names in (("attn1", "qkv", QKV), ("attn2", "kv", KV)):
         attn = getattr(block, name, None)
@@ -231,7 +250,7 @@ RULES: tuple[Rule, ...] = (
          _merge_ltx_block, skip=_ltx_merged_projections_skip, fallback=MERGED_FALLBACK, also=True, ops=(),
          merges=("qkv", "kv")),
     Rule("ltx_block", ("rms_norm", "norm_modulate"), named("LTXVideoTransformerBlock"),
-         lambda m, inj: inj.set_forward(m, _ltx_block_forward(inj.tk, lambda: inj.fp8)), claims=("norm1", "norm2"),
+         _patch_ltx_block, claims=("norm1", "norm2"),
          ops=("norm_modulate", "gated_add", "gated_add_norm_modulate")),
     # self-attention fused from the coordinates; the cross-attention's norms
     Rule("ltx_attention", ("rms_norm", "rope", "qk_norm_rope"), named("LTXAttention"),

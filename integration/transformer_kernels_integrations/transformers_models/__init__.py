@@ -36,13 +36,13 @@ unmerged rules take those modules, so a strict training step does not raise.
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Iterable
 
 import torch
 
 # Devices whose tensors go to the kernels; elsewhere (CPU) transformers' own code runs. Tests widen
 # it to run reference stand-ins for the kernels through the patched forwards on CPU. Defined before
-# the rule modules are imported: their forwards read it at call time through kernel_devices().
+# the rule modules are imported: their forwards read it at call time through kernel_devices(), as
+# the table's passes do (RuleTable.kernel_devices: the FP8 layers).
 KERNEL_DEVICES = ("cuda",)
 
 
@@ -54,6 +54,7 @@ def on_kernel_device(t: torch.Tensor) -> bool:
     return t.device.type in KERNEL_DEVICES
 
 
+from .. import fp8  # noqa: E402
 from ..patching import InjectionReport, Rule, RuleTable, inject_models, uninject_models  # noqa: E402
 from . import causal_lm, gemma, llama, qwen3  # noqa: E402
 from .hub import HUB_LAYERS, LLAMA_HUB_LAYERS, kernel_config, kernel_mapping  # noqa: E402
@@ -65,7 +66,7 @@ __all__ = ["HUB_LAYERS", "KERNEL_DEVICES", "LLAMA_HUB_LAYERS", "QWEN3_ATTENTIONS
 RULES: tuple[Rule, ...] = (llama.DECODER_LAYER, *qwen3.RULES, *llama.ATTENTION_RULES, *llama.MLP_RULES,
                            llama.RMS_NORM, *gemma.RULES)
 TRAINING_RULES: tuple[Rule, ...] = causal_lm.TRAINING_RULES
-TABLE = RuleTable(RULES, TRAINING_RULES)
+TABLE = RuleTable(RULES, TRAINING_RULES, passes=(fp8.PASS,), kernel_devices=kernel_devices)
 SWITCHES = TABLE.switches
 
 
@@ -75,8 +76,7 @@ def rules_for(tk: ModuleType, training: bool, strict: bool = False) -> tuple[Rul
 
 
 def inject(model: torch.nn.Module, tk: ModuleType | None = None, *, strict: bool = False,
-           training: bool | None = None, fp8: bool = False, fp8_exclude: Iterable[str] = (),
-           **switches: bool) -> InjectionReport:
+           training: bool | None = None, **switches) -> InjectionReport:
     """Patches a transformers model in place; returns what was replaced, what was skipped (why),
     and which patched paths can fall back at run time.
 
@@ -84,14 +84,15 @@ def inject(model: torch.nn.Module, tk: ModuleType | None = None, *, strict: bool
     {switches}. ``strict=True`` makes a run-time fallback raise ``KernelFallbackError`` instead of
     logging it once. ``training`` (default: ``model.training``): only the rules whose ops have a
     backward, and the fused linear cross-entropy for the causal LM's loss (``training`` in the
-    report; see the module docstring). ``fp8=True`` (off by default; inference on GPUs with FP8 tensor cores, compute capability 8.9+):
-    the large linear layers of the blocks run as FP8 GEMMs (``fp8.py``: which layers, what stays bf16,
-    memory); ``fp8_exclude``: ``fnmatch`` patterns of module paths kept in bf16. `tk`: the kernel module (default:
+    report; see the module docstring). ``fp8=True`` (a pass of the table, ``fp8.PASS``; off by default;
+    inference on GPUs with FP8 tensor cores, compute capability 8.9+): the large linear layers of the
+    blocks run as FP8 GEMMs (``fp8.py``: which layers, what stays bf16, memory); ``fp8_exclude``:
+    ``fnmatch`` patterns of module paths kept in bf16. `tk`: the kernel module (default:
     ``load_kernel()``). Undo with ``uninject``."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"inject: expected a transformers model (torch.nn.Module), got {type(model).__name__}")
-    return inject_models([("", model, TABLE)], tk, switches=switches, known_switches=SWITCHES, strict=strict,
-                         training=training, fp8=fp8, fp8_exclude=fp8_exclude)
+    return inject_models([("", model, TABLE)], tk, keywords=switches, tables=(TABLE,), strict=strict,
+                         training=training)
 
 
 inject.__doc__ = inject.__doc__.format(switches=", ".join(f"``{s}``" for s in SWITCHES))

@@ -37,33 +37,43 @@ from .qwen3 import QWEN3_ATTENTIONS
 GATE_UP = ("gate_proj", "up_proj")
 
 
+def _attention_gemms(layer: torch.nn.Module) -> list:
+    return fp8.input_gemms(layer.self_attn, "qkv", QKV)
+
+
+def _mlp_gemms(layer: torch.nn.Module) -> list:
+    return fp8.input_gemms(layer.mlp, "gate_up", GATE_UP)
+
+
 def _patch_decoder_layer(module: torch.nn.Module, inj) -> None:
     tk, original = inj.tk, type(module).forward
+    # Under inject(fp8=True), a norm whose every consumer GEMM runs in FP8 (planned once, fp8.apply)
+    # emits the codes and row scales of its output in the same pass (rms_norm_fp8,
+    # fused_add_rms_norm_fp8) where the runtime conditions allow (Site.takes): the attention's and the
+    # MLP's inputs are never written in 16 bits.
+    plan = fp8.produces(inj, module, attn=_attention_gemms, mlp=_mlp_gemms)
 
     # Everything but hidden_states passes through to the attention by keyword, so the forward fits
     # every transformers version (the cache argument was renamed from past_key_values to cache).
-    # Under inject(fp8=True), a norm whose every consumer GEMM runs in FP8 emits the codes and row
-    # scales of its output in the same pass (rms_norm_fp8, fused_add_rms_norm_fp8): the attention's and
-    # the MLP's inputs are never written in 16 bits.
     def forward(self, hidden_states, **kwargs):
         if not on_kernel_device(hidden_states):
             inj.fallback("decoder_layer", f"tensors on {hidden_states.device.type}")
             return original(self, hidden_states, **kwargs)
         residual = hidden_states
         norm = self.input_layernorm
-        if inj.fp8 and norm.weight.dtype == hidden_states.dtype and fp8.takes_quantized(
-                fp8.input_gemms(self.self_attn, "qkv", QKV), hidden_states):
+        site = plan.get("attn")
+        if site is not None and norm.weight.dtype == hidden_states.dtype and site.takes(hidden_states):
             codes, scale = tk.rms_norm_fp8(hidden_states, norm.weight, norm.variance_epsilon)
-            hidden_states = fp8.QuantizedRows(codes, scale, hidden_states.dtype)
+            hidden_states = fp8.QuantizedRows(codes, scale, hidden_states.dtype, fp8.ROW_E4M3)
         else:
             hidden_states = norm(hidden_states)
         hidden_states, _ = self.self_attn(hidden_states=hidden_states, **kwargs)
         norm = self.post_attention_layernorm
-        if inj.fp8 and norm.weight.dtype == hidden_states.dtype and fp8.takes_quantized(
-                fp8.input_gemms(self.mlp, "gate_up", GATE_UP), hidden_states):
+        site = plan.get("mlp")
+        if site is not None and norm.weight.dtype == hidden_states.dtype and site.takes(hidden_states):
             codes, scale, residual = tk.fused_add_rms_norm_fp8(hidden_states, residual, norm.weight,
                                                                norm.variance_epsilon)
-            hidden_states = fp8.QuantizedRows(codes, scale, residual.dtype)
+            hidden_states = fp8.QuantizedRows(codes, scale, residual.dtype, fp8.ROW_E4M3)
         else:
             hidden_states, residual = tk.fused_add_rms_norm(hidden_states, residual, norm.weight,
                                                             norm.variance_epsilon)
@@ -105,7 +115,7 @@ def _down_projection(inj, mlp: torch.nn.Module, gate: torch.Tensor, up: torch.Te
     if down is None:
         return mlp.down_proj(tk.act_mul(gate, up, act))
     codes, scale = tk.act_mul_fp8(gate, up, act)
-    return fp8.quantized_linear(tk, down, codes, scale, mlp.down_proj.bias, gate.dtype)
+    return fp8.linear(tk, down, fp8.QuantizedRows(codes, scale, gate.dtype, fp8.ROW_E4M3), mlp.down_proj.bias)
 
 
 def _patch_rms_norm(module: torch.nn.Module, inj) -> None:
