@@ -68,7 +68,7 @@ def test_strided_rows_and_empty(tk, dtype):
     assert tk.decode_linear(x, weight[:0]).shape == (3, 0)
     bias = random_input((48,), dtype)
     no_k = torch.empty(2, 0, device="cuda", dtype=dtype)  # no products: the bias (zeros without one)
-    assert torch.equal(tk.decode_linear(no_k, torch.empty(48, 0, device="cuda", dtype=dtype), bias),
+    assert torch.equal(tk.decode_linear(no_k, torch.empty(48, 0, device="cuda", dtype=dtype), bias=bias),
                        bias.expand(2, 48))
     assert not tk.decode_linear(no_k, torch.empty(48, 0, device="cuda", dtype=dtype)).any()
 
