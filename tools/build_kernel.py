@@ -58,7 +58,42 @@ SOURCE_SUFFIXES = {".cu", ".cpp", ".cc"}
 
 
 class BuildConfigError(ValueError):
-    """build.toml breaks a rule of kernel-builder's edition-5 schema."""
+    """build.toml breaks a rule of kernel-builder's edition-5 schema, or lists other headers than its
+    sources include."""
+
+
+QUOTED_INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.MULTILINE)
+
+
+def include_closure(root: Path, units: list[str], include_dirs: tuple[str, ...]) -> set[str]:
+    """The headers of the tree (paths relative to root) that `units` include, directly or through one
+    another, resolved against `include_dirs` as the compiler does (quoted includes only; generated
+    headers such as registration.h are not in the tree and not counted)."""
+    found: set[str] = set()
+    pending = list(units)
+    while pending:
+        for name in QUOTED_INCLUDE.findall((root / pending.pop()).read_text()):
+            for directory in include_dirs:
+                rel = (Path(directory) / name).as_posix()
+                if (root / rel).is_file():
+                    if rel not in found:
+                        found.add(rel)
+                        pending.append(rel)
+                    break
+    return found
+
+
+def check_sources_follow_includes(root: Path, section: str, src: list[str], include_dirs: tuple[str, ...]) -> None:
+    """A section's src lists exactly its compiled units and the headers they include: a header missing
+    from it leaves Nix's sandbox without the file (the Hub build fails where this one passed), one
+    listed but never included is a stale entry left by a move."""
+    units = [s for s in src if Path(s).suffix in SOURCE_SUFFIXES]
+    headers = {s for s in src if Path(s).suffix not in SOURCE_SUFFIXES}
+    closure = include_closure(root, units, include_dirs)
+    missing, stale = sorted(closure - headers - set(units)), sorted(headers - closure)
+    if missing or stale:
+        raise BuildConfigError(f"{root / 'build.toml'}: {section} src must list the headers its sources include: "
+                               f"missing {missing}, never included {stale}")
 
 
 @dataclass(frozen=True)
@@ -139,6 +174,9 @@ def load_config(root: Path = ROOT) -> KernelConfig:
         require(bool(kernel.get("src")), f"{where} src must list its sources")
     for rel in binding + [s for k in kernels.values() for s in k["src"]]:
         require((root / rel).is_file(), f"source {rel} listed in build.toml does not exist")
+    check_sources_follow_includes(root, "[torch]", binding, ("torch-ext", *torch_section.get("include", [])))
+    for kname, kernel in kernels.items():
+        check_sources_follow_includes(root, f"[kernel.{kname}]", kernel["src"], tuple(kernel.get("include", [])))
 
     try:  # kernel-builder's own parser, shipped inside the kernels package.
         from kernels._rust import Build  # type: ignore[import-not-found]

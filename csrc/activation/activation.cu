@@ -6,12 +6,12 @@
 #include <string_view>
 #include <tuple>
 
-#include "activation/activation.cuh"
-#include "activation/activation_binding.h"
 #include "activation/ops.h"
 #include "common/alloc.h"
 #include "common/checks.h"
+#include "common/choices.h"
 #include "common/dispatch.h"
+#include "common/elementwise.cuh"
 
 namespace transformer_kernels {
 namespace {

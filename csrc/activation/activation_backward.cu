@@ -8,10 +8,10 @@
 #include <vector>
 
 #include "activation/activation_backward.cuh"
-#include "activation/activation_binding.h"
 #include "activation/ops.h"
 #include "common/alloc.h"
 #include "common/checks.h"
+#include "common/choices.h"
 #include "common/dispatch.h"
 
 namespace transformer_kernels {

@@ -16,7 +16,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "activation/activation.cuh"
+#include "common/elementwise.cuh"
 #include "activation/activation_policy.cuh"
 #include "common/kernel.cuh"
 #include "common/math.cuh"

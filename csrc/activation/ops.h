@@ -14,18 +14,18 @@
 namespace transformer_kernels {
 
 // act: "silu" | "gelu" | "gelu_tanh"
-at::Tensor activation(const at::Tensor& x, std::string_view act);
-void activation_out(at::Tensor& out, const at::Tensor& x, std::string_view act);
+at::Tensor activation(const at::Tensor& x, std::string_view activation);
+void activation_out(at::Tensor& out, const at::Tensor& x, std::string_view activation);
 // x: [..., 2 * H] -> [..., H]; act_first: act(x[..., :H]) * x[..., H:], else x[..., :H] * act(x[..., H:])
-at::Tensor act_and_mul(const at::Tensor& x, std::string_view act, bool act_first);
-void act_and_mul_out(at::Tensor& out, const at::Tensor& x, std::string_view act, bool act_first);
+at::Tensor act_and_mul(const at::Tensor& x, std::string_view activation, bool act_first);
+void act_and_mul_out(at::Tensor& out, const at::Tensor& x, std::string_view activation, bool act_first);
 // gate, up: [..., H] -> act(gate) * up
-at::Tensor act_mul(const at::Tensor& gate, const at::Tensor& up, std::string_view act);
-void act_mul_out(at::Tensor& out, const at::Tensor& gate, const at::Tensor& up, std::string_view act);
+at::Tensor act_mul(const at::Tensor& gate, const at::Tensor& up, std::string_view activation);
+void act_mul_out(at::Tensor& out, const at::Tensor& gate, const at::Tensor& up, std::string_view activation);
 // grad: the forward output's gradient; returns the inputs' gradients ([..., 2H] for act_and_mul).
-at::Tensor activation_backward(const at::Tensor& grad, const at::Tensor& x, std::string_view act);
-at::Tensor act_and_mul_backward(const at::Tensor& grad, const at::Tensor& x, std::string_view act, bool act_first);
+at::Tensor activation_backward(const at::Tensor& grad, const at::Tensor& x, std::string_view activation);
+at::Tensor act_and_mul_backward(const at::Tensor& grad, const at::Tensor& x, std::string_view activation, bool act_first);
 std::tuple<at::Tensor, at::Tensor> act_mul_backward(const at::Tensor& grad, const at::Tensor& gate,
-                                                    const at::Tensor& up, std::string_view act);
+                                                    const at::Tensor& up, std::string_view activation);
 
 }  // namespace transformer_kernels

@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <memory>
 
+#include "common/float_type.h"
+
 namespace transformer_kernels {
 
 struct GemmWorkspace {
@@ -17,6 +19,16 @@ struct GemmWorkspace {
 };
 
 namespace cublaslt {
+
+// cuBLASLt's name of a 16-bit storage type (the GEMMs' activations and outputs; float32 otherwise).
+inline cudaDataType_t data_type(FloatType t) {
+  switch (t) {
+    case FloatType::kFloat16: return CUDA_R_16F;
+    case FloatType::kBFloat16: return CUDA_R_16BF;
+    case FloatType::kFloat32: break;
+  }
+  return CUDA_R_32F;
+}
 
 constexpr uint32_t kMaxAlignmentBytes = 256;  // the largest alignment cuBLASLt's preference takes
 

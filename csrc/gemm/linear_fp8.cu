@@ -12,6 +12,7 @@
 
 #include "common/alloc.h"
 #include "common/checks.h"
+#include "common/choices.h"
 #include "gemm/gemm_binding.h"
 #include "gemm/linear_fp8.cuh"
 #include "gemm/ops.h"
@@ -25,15 +26,9 @@ constexpr const char* kOp = "linear_fp8";
 // the output's rows then are too.
 constexpr int64_t kFp8Multiple = 16;
 
-Fp8Activation resolve_activation(std::string_view activation) {
-  if (activation == "none") return Fp8Activation::kNone;
-  if (activation == "gelu_tanh") return Fp8Activation::kGeluTanh;
-  TORCH_CHECK_VALUE(false, kOp, ": activation must be \"none\" or \"gelu_tanh\", got \"", activation, "\"");
-}
-
-Fp8OutDtype resolve_out_dtype(c10::ScalarType dtype) {
-  if (dtype == at::kBFloat16) return Fp8OutDtype::kBFloat16;
-  if (dtype == at::kHalf) return Fp8OutDtype::kFloat16;
+FloatType resolve_out_dtype(c10::ScalarType dtype) {
+  if (dtype == at::kBFloat16) return FloatType::kBFloat16;
+  if (dtype == at::kHalf) return FloatType::kFloat16;
   TORCH_CHECK_TYPE(false, kOp, ": out_dtype must be bfloat16 or float16, got ", dtype);
 }
 
@@ -81,8 +76,8 @@ void check_inputs(const at::Tensor& x, const at::Tensor& x_scale, const at::Tens
 at::Tensor linear_fp8(const at::Tensor& x, const at::Tensor& x_scale, const at::Tensor& weight,
                       const at::Tensor& weight_scale, const OptTensor& bias, c10::ScalarType out_dtype,
                       std::string_view activation) {
-  const Fp8OutDtype out_type = resolve_out_dtype(out_dtype);
-  const Fp8Activation act = resolve_activation(activation);
+  const FloatType out_type = resolve_out_dtype(out_dtype);
+  const Activation act = resolve_activation(kOp, activation, {Activation::kNone, Activation::kGeluTanh});
   check_inputs(x, x_scale, weight, weight_scale, bias, out_dtype);
   std::vector<int64_t> sizes(x.sizes().begin(), x.sizes().end());
   sizes.back() = weight.size(0);

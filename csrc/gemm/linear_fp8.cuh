@@ -15,12 +15,10 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "common/activation_math.cuh"
 #include "gemm/cublaslt.cuh"
 
 namespace transformer_kernels {
-
-enum class Fp8OutDtype { kFloat16, kBFloat16 };
-enum class Fp8Activation { kNone, kGeluTanh };
 
 struct LinearFp8Params {
   const void* x;  // [M, K] e4m3, rows x_ld bytes apart, each row contiguous
@@ -33,8 +31,8 @@ struct LinearFp8Params {
   void* out;                  // [M, N], rows out_ld elements apart, each row contiguous
   int64_t out_ld;
   int64_t m, n, k;  // M >= 1, N >= 1, K >= 1 (K and the leading dimensions multiples of 16)
-  Fp8OutDtype out_dtype;
-  Fp8Activation activation;
+  FloatType out_dtype;    // kFloat16 or kBFloat16
+  Activation activation;  // the epilogue's: kNone or kGeluTanh
 };
 
 // Asks cuBLASLt's heuristic for an FP8 algorithm with outer-vector scales for p and, when `launch`,
@@ -44,7 +42,7 @@ struct LinearFp8Params {
 inline cublasStatus_t LinearFp8(cublasLtHandle_t handle, const LinearFp8Params& p, GemmWorkspace workspace,
                                 cudaStream_t stream, bool launch = true) {
   using namespace cublaslt;
-  const cudaDataType_t out_type = p.out_dtype == Fp8OutDtype::kFloat16 ? CUDA_R_16F : CUDA_R_16BF;
+  const cudaDataType_t out_type = data_type(p.out_dtype);
   cublasLtMatmulDesc_t raw_desc = nullptr;
   TK_CUBLAS_TRY(cublasLtMatmulDescCreate(&raw_desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const MatmulDesc desc(raw_desc);
@@ -55,7 +53,7 @@ inline cublasStatus_t LinearFp8(cublasLtHandle_t handle, const LinearFp8Params& 
   TK_CUBLAS_TRY(set(raw_desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, outer));
   TK_CUBLAS_TRY(set(raw_desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, p.weight_scale));
   TK_CUBLAS_TRY(set(raw_desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, p.x_scale));
-  const bool gelu = p.activation == Fp8Activation::kGeluTanh;
+  const bool gelu = p.activation == Activation::kGeluTanh;
   const cublasLtEpilogue_t epilogue = p.bias != nullptr ? (gelu ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_BIAS)
                                                         : (gelu ? CUBLASLT_EPILOGUE_GELU : CUBLASLT_EPILOGUE_DEFAULT);
   TK_CUBLAS_TRY(set(raw_desc, CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue));

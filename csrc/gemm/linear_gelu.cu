@@ -2,7 +2,7 @@
 // epilogue (gemm/linear_gelu.cuh) on torch's cuBLASLt handle, workspace and current stream; where
 // cuBLASLt has no epilogue algorithm for the layout, dtype or alignment, and for float32 (whose
 // epilogue GELU is less accurate than eager's), at::linear followed by our gelu_tanh kernel
-// (activation/activation.cuh), which rounds as F.linear + F.gelu do.
+// (common/elementwise.cuh), which rounds as F.linear + F.gelu do.
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/ops/linear.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -11,10 +11,10 @@
 #include <tuple>
 #include <vector>
 
-#include "activation/activation.cuh"
 #include "common/alloc.h"
 #include "common/checks.h"
 #include "common/dispatch.h"
+#include "common/elementwise.cuh"
 #include "gemm/gemm_binding.h"
 #include "gemm/linear_gelu.cuh"
 #include "gemm/ops.h"
@@ -51,9 +51,9 @@ std::vector<int64_t> out_sizes(const at::Tensor& x, const at::Tensor& weight) {
 
 // The epilogue's dtype: half precision only. In float32 cuBLASLt's GELU epilogue is about 3x
 // eager's error against float64 (in 16 bits the output rounding hides it): the separate path.
-std::optional<GemmDtype> epilogue_dtype(c10::ScalarType t) {
-  if (t == at::kHalf) return GemmDtype::kFloat16;
-  if (t == at::kBFloat16) return GemmDtype::kBFloat16;
+std::optional<FloatType> epilogue_dtype(c10::ScalarType t) {
+  if (t == at::kHalf) return FloatType::kFloat16;
+  if (t == at::kBFloat16) return FloatType::kBFloat16;
   return std::nullopt;
 }
 

@@ -18,10 +18,6 @@
 
 namespace transformer_kernels {
 
-// Half precision only: in fp32 the epilogue's GELU is less accurate than eager's (the binding
-// sends fp32 to the separate path).
-enum class GemmDtype { kFloat16, kBFloat16 };
-
 struct LinearGeluParams {
   const void* x;  // [M, K], rows x_ld elements apart, each row contiguous
   int64_t x_ld;
@@ -31,19 +27,10 @@ struct LinearGeluParams {
   void* out;         // [M, N], rows out_ld elements apart, each row contiguous
   int64_t out_ld;
   int64_t m, n, k;  // M >= 1, N >= 1, K >= 1
-  GemmDtype dtype;  // of x, weight, bias and out
+  // Of x, weight, bias and out: kFloat16 or kBFloat16 only. In fp32 the epilogue's GELU is less
+  // accurate than eager's (the binding sends fp32 to the separate path).
+  FloatType dtype;
 };
-
-namespace linear_gelu_detail {
-
-inline cudaDataType_t data_type(GemmDtype t) {
-  switch (t) {
-    case GemmDtype::kFloat16: return CUDA_R_16F;
-    default: return CUDA_R_16BF;
-  }
-}
-
-}  // namespace linear_gelu_detail
 
 // Asks cuBLASLt's heuristic for an algorithm with the GELU epilogue for p and, when `launch`,
 // queues it on `stream`. Returns CUBLAS_STATUS_NOT_SUPPORTED, having queued nothing, where no
@@ -52,7 +39,6 @@ inline cudaDataType_t data_type(GemmDtype t) {
 // during CUDA-graph capture (the launch is captured; nothing is synchronized or allocated).
 inline cublasStatus_t LinearGelu(cublasLtHandle_t handle, const LinearGeluParams& p, GemmWorkspace workspace,
                                   cudaStream_t stream, bool launch = true) {
-  using namespace linear_gelu_detail;
   using namespace cublaslt;
   const cudaDataType_t type = data_type(p.dtype);
   cublasLtMatmulDesc_t raw_desc = nullptr;

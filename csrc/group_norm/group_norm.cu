@@ -17,6 +17,7 @@
 
 #include "common/alloc.h"
 #include "common/checks.h"
+#include "common/choices.h"
 #include "common/dispatch.h"
 #include "group_norm/group_norm.cuh"
 #include "group_norm/ops.h"
@@ -53,9 +54,7 @@ struct GroupNormCall {
 };
 
 bool resolve_silu(const char* op, std::string_view activation) {
-  if (activation == "silu") return true;
-  if (activation == "none") return false;
-  TORCH_CHECK_VALUE(false, op, ": activation must be \"none\" or \"silu\", got \"", activation, "\"");
+  return resolve_activation(op, activation, {Activation::kNone, Activation::kSilu}) == Activation::kSilu;
 }
 
 // True when t is dense in its dimensions 1.. taken innermost first in `order` (sizes of 1 ignored;

@@ -31,7 +31,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "activation/activation.cuh"
+#include "common/activation_math.cuh"
 #include "common/divmod.cuh"
 #include "common/kernel.cuh"
 #include "common/math.cuh"

@@ -1,16 +1,16 @@
 // Torch entry points of gated_add (x + gate * y: a DiT block's gated residual with no norm after
 // it), a member of the norm family: its backward is the norm backward with no norm
 // (norm_backward.cu, NormType::kNone). The forward is the elementwise kernel's gated-add form
-// (activation/activation.cuh, torch-free), launched here.
+// (common/elementwise.cuh, torch-free), launched here.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
 #include <tuple>
 
-#include "activation/activation.cuh"
 #include "common/alloc.h"
 #include "common/checks.h"
 #include "common/dispatch.h"
+#include "common/elementwise.cuh"
 #include "norm/ops.h"
 
 namespace transformer_kernels {

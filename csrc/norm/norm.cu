@@ -12,6 +12,7 @@
 #include "common/dispatch.h"
 #include "common/fp8.cuh"
 #include "norm/norm_call.h"
+#include "norm/norm_choices.h"
 #include "norm/ops.h"
 
 namespace transformer_kernels {
@@ -33,12 +34,6 @@ RmsRounding resolve_rms_rounding(const char* op, std::string_view rounding, cons
   if (rounding == "diffusers") return {weight_dtype == x.scalar_type(), weight_dtype};
   if (rounding == "torch") return {false, x.scalar_type()};
   TORCH_CHECK_VALUE(false, op, ": rounding must be \"hf\", \"diffusers\" or \"torch\", got \"", rounding, "\"");
-}
-
-NormType resolve_norm_type(const char* op, std::string_view norm) {
-  if (norm == "rms") return NormType::kRms;
-  if (norm == "layer") return NormType::kLayer;
-  TORCH_CHECK_VALUE(false, op, ": norm must be \"rms\" or \"layer\", got \"", norm, "\"");
 }
 
 void check_same_param_dtype(const char* op, const OptTensor& weight, const OptTensor& bias) {

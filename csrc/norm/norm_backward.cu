@@ -15,6 +15,7 @@
 #include "common/dispatch.h"
 #include "common/variants.h"
 #include "norm/norm_backward_call.h"
+#include "norm/norm_choices.h"
 #include "norm/ops.h"
 
 namespace transformer_kernels {
@@ -42,12 +43,6 @@ void check_grad(const char* op, const at::Tensor& g, const char* name, const at:
                    " must have the dtype of the forward's output (", dtype, "), got ", g.scalar_type());
   check_same_shape(op, g, name, x, x_name);
   check_last_dim_contiguous(op, g, name);
-}
-
-NormType resolve_norm_type(const char* op, std::string_view norm) {
-  if (norm == "rms") return NormType::kRms;
-  if (norm == "layer") return NormType::kLayer;
-  TORCH_CHECK_VALUE(false, op, ": norm must be \"rms\" or \"layer\", got \"", norm, "\"");
 }
 
 // How the gradient of a parameter broadcast to x is formed: row by row (segment_rows 1: the

@@ -38,7 +38,7 @@
 #include "common/rows.cuh"
 #include "common/schedule.cuh"
 #include "common/vec.cuh"
-#include "norm/grad_reduce.cuh"
+#include "common/grad_reduce.cuh"
 #include "norm/norm_common.cuh"
 
 namespace transformer_kernels {

@@ -21,7 +21,7 @@
 #include "common/math.cuh"
 #include "common/reduce.cuh"
 #include "common/vec.cuh"
-#include "norm/grad_reduce.cuh"
+#include "common/grad_reduce.cuh"
 #include "rope/rope.cuh"
 
 namespace transformer_kernels {

@@ -15,6 +15,6 @@ namespace transformer_kernels {
 std::tuple<at::Tensor, at::Tensor> quantize_fp8(const at::Tensor& x);
 // gate, up [..., H], one float dtype, act "silu" | "gelu" | "gelu_tanh" -> quantize_fp8(act_mul(gate, up, act)),
 // bit for bit, in one pass: the FP8 input of a gated MLP's down projection.
-std::tuple<at::Tensor, at::Tensor> act_mul_fp8(const at::Tensor& gate, const at::Tensor& up, std::string_view act);
+std::tuple<at::Tensor, at::Tensor> act_mul_fp8(const at::Tensor& gate, const at::Tensor& up, std::string_view activation);
 
 }  // namespace transformer_kernels

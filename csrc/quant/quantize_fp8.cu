@@ -6,9 +6,9 @@
 #include <string_view>
 #include <tuple>
 
-#include "activation/activation_binding.h"
 #include "common/alloc.h"
 #include "common/checks.h"
+#include "common/choices.h"
 #include "common/dispatch.h"
 #include "quant/ops.h"
 #include "quant/quantize_fp8.cuh"

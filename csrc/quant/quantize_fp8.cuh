@@ -16,7 +16,7 @@
 #include "common/reduce.cuh"
 #include "common/rows.cuh"
 #include "common/schedule.cuh"
-#include "activation/activation.cuh"
+#include "common/activation_math.cuh"
 #include "common/vec.cuh"
 #include "quant/quant_policy.cuh"
 

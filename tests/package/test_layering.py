@@ -75,3 +75,44 @@ def test_the_launch_check_sees_a_raw_launch(tmp_path):
     (tmp_path / "family").mkdir()
     (tmp_path / "family" / "op.cuh").write_text("void f() {\n  kernel<<<grid, 128, 0, stream>>>(p);\n}\n")
     assert raw_launches(tmp_path) == ["family/op.cuh:2"]
+
+
+# The compositions between families, declared: the fused q/k norm + RoPE applies the rope family's
+# rotation (rope.cuh) with its sources of cos/sin (rope_sources.h, rope_binding.h). Anything a second
+# family needs is in common/ (the elementwise engine, the activations' math, the gradient reductions,
+# the name resolvers); common/ includes no family.
+COMPOSES = {("qk_norm_rope", "rope")}
+
+
+def cross_family_includes(root):
+    """(including family, included family, `path:line`) of every quoted include under `root` that
+    leaves the including file's family folder for another family's (common/ counts as none)."""
+    found = []
+    for path in sorted(root.rglob("*")):
+        if path.suffix not in (".cu", ".cuh", ".h") or len(path.relative_to(root).parts) < 2:
+            continue
+        family = path.relative_to(root).parts[0]
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            m = INCLUDE.match(line)
+            if m and m.group(1) == '"' and "/" in m.group(2) and (root / m.group(2)).is_file():
+                target = m.group(2).split("/")[0]
+                if target != family and (target != "common" or family == "common"):
+                    found.append((family, target, f"{path.relative_to(root).as_posix()}:{n}"))
+    return found
+
+
+def test_families_include_only_common_their_own_and_the_declared_compositions():
+    undeclared = [f for f in cross_family_includes(CSRC) if (f[0], f[1]) not in COMPOSES]
+    assert not undeclared, undeclared
+    assert {(f[0], f[1]) for f in cross_family_includes(CSRC)} == COMPOSES, "a declared composition is gone"
+
+
+def test_the_seam_check_sees_an_undeclared_include(tmp_path):
+    for family in ("norm", "activation", "common"):
+        (tmp_path / family).mkdir()
+    (tmp_path / "activation" / "engine.cuh").write_text("#pragma once\n")
+    (tmp_path / "common" / "math.cuh").write_text("#pragma once\n")
+    (tmp_path / "norm" / "gated.cu").write_text('#include "common/math.cuh"\n#include "activation/engine.cuh"\n')
+    (tmp_path / "common" / "shared.cuh").write_text('#include "activation/engine.cuh"\n')
+    assert cross_family_includes(tmp_path) == [("common", "activation", "common/shared.cuh:1"),
+                                               ("norm", "activation", "norm/gated.cu:2")]

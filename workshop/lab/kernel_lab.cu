@@ -25,7 +25,7 @@
 #include <utility>
 #include <vector>
 
-#include "activation/activation.cuh"
+#include "common/elementwise.cuh"
 #include "norm/norm.cuh"
 #include "qk_norm_rope/qk_norm_rope.cuh"
 #include "rope/rope.cuh"

@@ -1,12 +1,12 @@
-// The values the backward kernels of the norm family (and the fused q/k norm + RoPE backward, which
-// shares their row groups and parameter-gradient reduction: grad_reduce.cuh) are compiled and launched
-// with (CUB-style tuning policy), each with its reason. What was measured, and what is assumed until
+// The values the row-wise backward kernels are compiled and launched with (CUB-style tuning
+// policy): the norm family's and the fused q/k norm + RoPE backward, which share their row groups
+// and parameter-gradient reduction (grad_reduce.cuh). What was measured, and what is assumed until
 // the GPU lab tries alternatives: benchmarks/NOTES.md §"Tuning values assumed, not measured".
 #pragma once
 
 namespace transformer_kernels {
 
-struct NormBackwardPolicy {
+struct RowBackwardPolicy {
   // Elements each backward thread holds per row: the row's inputs and the parameter gradients'
   // running sums stay in registers, and 8 of each keep the widest kernels (the gated, modulated,
   // affine LayerNorm, ~10 arrays) within the registers of a 512-thread block.

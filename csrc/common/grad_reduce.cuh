@@ -11,15 +11,15 @@
 
 #include "common/math.cuh"
 #include "common/reduce.cuh"
-#include "norm/norm_backward_policy.cuh"
+#include "common/backward_policy.cuh"
 
 namespace transformer_kernels {
 
-// The tuning values (NormBackwardPolicy, with their reasons), under the names the kernels use.
-constexpr int kBackwardElems = NormBackwardPolicy::kRowElems;
-constexpr int kBackwardBlockThreads = NormBackwardPolicy::kBlockThreads;
-constexpr int kBackwardMaxThreads = NormBackwardPolicy::kMaxThreads;
-constexpr int kBackwardChunkElems = NormBackwardPolicy::kChunkElems;
+// The tuning values (RowBackwardPolicy, with their reasons), under the names the kernels use.
+constexpr int kBackwardElems = RowBackwardPolicy::kRowElems;
+constexpr int kBackwardBlockThreads = RowBackwardPolicy::kBlockThreads;
+constexpr int kBackwardMaxThreads = RowBackwardPolicy::kMaxThreads;
+constexpr int kBackwardChunkElems = RowBackwardPolicy::kChunkElems;
 static_assert(kBackwardChunkElems % 8 == 0, "chunks start on a vector of every dtype");
 
 // Threads of a row group holding `vecs` vectors, `vecs_per_thread` each: a power of two up to a
@@ -150,8 +150,8 @@ TK_DEVICE void store_block_partials(const float (&acc)[kElems], float* out, int 
 // ---- stage two: the column sums of the workspace ----
 
 constexpr int kMaxColumnSums = 5;
-constexpr int kColumnSumCols = NormBackwardPolicy::kColumnSumCols;
-constexpr int kColumnSumLanes = NormBackwardPolicy::kColumnSumLanes;
+constexpr int kColumnSumCols = RowBackwardPolicy::kColumnSumCols;
+constexpr int kColumnSumLanes = RowBackwardPolicy::kColumnSumLanes;
 
 // out[r, c] = sum over items [r * items_per_row, (r + 1) * items_per_row) of partials[item, c],
 // in item order within each lane (lane l takes items l, l + 8, ...), lanes in order.

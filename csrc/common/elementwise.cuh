@@ -1,5 +1,6 @@
-// Elementwise activations and gated linear units over rows. Torch-free: functors, one kernel,
-// its launch heuristics and a host launcher.
+// The elementwise engine: activations and gated linear units over rows, and the gated add. One
+// kernel, its launch heuristics and a host launcher, shared by the families whose ops are its forms
+// (activation: act, act_mul; norm: gated_add; gemm: linear_gelu's separate GELU). Torch-free.
 //
 //   kAct:       out = act(x)
 //   kActMul:    out = round(round(act(gate)) * gated)   (gated = up; the eager code rounds twice)
@@ -16,7 +17,8 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "activation/activation_policy.cuh"
+#include "common/activation_math.cuh"
+#include "common/elementwise_policy.cuh"
 #include "common/kernel.cuh"
 #include "common/math.cuh"
 #include "common/rows.cuh"
@@ -25,29 +27,7 @@
 
 namespace transformer_kernels {
 
-// kNone: the forms without an activation (kGatedAdd).
-enum class Activation { kSilu, kGelu, kGeluTanh, kNone };
 enum class Elementwise { kAct, kActMul, kGatedAdd };
-
-// silu(x) = x / (1 + exp(-x))
-template <Activation kAct>
-TK_DEVICE float activate(float x) {
-  static_assert(kAct != Activation::kNone, "no activation to apply");
-  if constexpr (kAct == Activation::kSilu) {
-    return x / (1.f + expf(-x));
-  } else if constexpr (kAct == Activation::kGelu) {
-    // gelu(x) = x * 0.5 * (1 + erf(x / sqrt(2)))
-    constexpr float kAlpha = 0.70710678118654752440f;  // M_SQRT1_2
-    return x * 0.5f * (1.f + erff(x * kAlpha));
-  } else {
-    // gelu_tanh(x) = 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3)))
-    constexpr float kBeta = 0.79788456080286535588f;  // M_SQRT2 * M_2_SQRTPI * 0.5
-    constexpr float kKappa = 0.044715f;
-    const float x_cube = x * x * x;
-    const float inner = kBeta * (x + kKappa * x_cube);
-    return 0.5f * x * (1.f + tanhf(inner));
-  }
-}
 
 template <typename T>
 struct ElementwiseParams {
