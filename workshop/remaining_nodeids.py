@@ -1,6 +1,6 @@
 """The node ids a cut-short whole-suite run did not report, for TK_ONLY_NODEIDS (tests/conftest.py).
 
-    python workshop/remaining_nodeids.py RUN_LOG [--collected IDS] > workshop/remaining-nodeids.txt
+    python workshop/remaining_nodeids.py RUN_LOG [--collected IDS] > bench-out/remaining-nodeids.txt
 
 RUN_LOG: the run's `pytest -v` log (workshop/run_stages.sh's $R/suite.log). IDS: the collected node ids
 (`pytest --collect-only -q`), by default collected here.
