@@ -1,156 +1,24 @@
-"""The fakes check like the kernels: each bad-input case below raises the same exception type with the
-same message on meta tensors (the fake impl, which runs the op's C++ checks on meta stand-ins:
+"""The fakes check like the kernels: each bad-input case raises the same exception type with the same
+message on meta tensors (the fake impl, which runs the op's C++ checks on meta stand-ins:
 torch-ext/<package>/_fake.py) as on CUDA tensors (the kernel's binding), so that torch.compile
 refuses it at trace time rather than at run time. Cases the stand-ins cannot show (memory shared
 between tensors, devices, pointer alignment) are the binding's alone (test_reliability_validation).
 
-Each case builds its tensors on the device it is given; ``BIG`` rows come from expanded views (no
-memory on either device)."""
+The cases are the families' (``BAD_INPUTS`` in tests/<family>/<family>_reliability.py). Each builds
+its tensors on the device it is given; its 2^31 rows (named ``..._2_31_...``) come from expanded views
+(no memory on either device)."""
 
 import re
 
 import pytest
 import torch
 
-BIG = 2**31
+import op_catalog as oc
+from families import gathered
 
-
-def t(device, *shape, dtype=torch.bfloat16):
-    return torch.randn(*shape, device=device).to(dtype) if device != "meta" else torch.empty(*shape, device=device,
-                                                                                          dtype=dtype)
-
-
-def expanded(device, *shape, last=2):
-    return t(device, *([1] * len(shape)), last).expand(*shape, last)
-
-
-# name -> (call(tk, device), exception type, message regex)
-CASES = {
-    # norms
-    "rms_norm_float64_x": (lambda tk, d: tk.rms_norm(t(d, 4, 64, dtype=torch.float64)), TypeError,
-                           "rms_norm: x must be float32, float16 or bfloat16, got Double"),
-    "rms_norm_int32_x": (lambda tk, d: tk.rms_norm(t(d, 4, 64, dtype=torch.int32)), TypeError,
-                         "rms_norm: x must be float32, float16 or bfloat16, got Int"),
-    "rms_norm_eps_negative": (lambda tk, d: tk.rms_norm(t(d, 4, 64), t(d, 64), -1.0), ValueError,
-                              "rms_norm: eps must be a finite number >= 0, got -1"),
-    "rms_norm_eps_nan": (lambda tk, d: tk.rms_norm(t(d, 4, 64), t(d, 64), float("nan")), ValueError,
-                         "rms_norm: eps must be a finite number >= 0, got nan"),
-    "rms_norm_weight_63_for_64": (lambda tk, d: tk.rms_norm(t(d, 4, 64), t(d, 63), 1e-5), ValueError,
-                                  r"rms_norm: weight must be 1-D with x.shape\[-1\] = 64 elements, got shape \[63\]"),
-    "rms_norm_stride_4": (lambda tk, d: tk.rms_norm(t(d, 4, 256)[:, ::4], t(d, 64), 1e-5), ValueError,
-                          "rms_norm: x must be contiguous in its last dimension"),
-    "rms_norm_2_31_rows": (lambda tk, d: tk.rms_norm(expanded(d, BIG)), ValueError,
-                           f"rms_norm: x has {BIG} rows; at most {BIG - 1} are supported"),
-    "rms_norm_out_wrong_shape": (lambda tk, d: tk.rms_norm(t(d, 4, 64), t(d, 64), 1e-5, out=t(d, 4, 65)), ValueError,
-                                 r"rms_norm: out must have the shape \[4, 64\], got \[4, 65\]"),
-    "rms_norm_out_expanded": (lambda tk, d: tk.rms_norm(t(d, 4, 64), None, 1e-5, out=t(d, 1, 64).expand(4, 64)),
-                              ValueError, "rms_norm: out must not have overlapping elements"),
-    "fused_add_rms_norm_residual_shape": (lambda tk, d: tk.fused_add_rms_norm(t(d, 4, 64), t(d, 4, 32), t(d, 64)),
-                                          ValueError, "fused_add_rms_norm: residual must have"),
-    "layer_norm_bias_shape": (lambda tk, d: tk.layer_norm(t(d, 4, 64), t(d, 64), t(d, 32)), ValueError,
-                              "layer_norm: bias must be 1-D"),
-    "layer_norm_eps_inf": (lambda tk, d: tk.layer_norm(t(d, 4, 64), eps=float("inf")), ValueError,
-                           "layer_norm: eps must be a finite number >= 0, got inf"),
-    "norm_modulate_bad_norm": (lambda tk, d: tk.norm_modulate(t(d, 2, 4, 64), t(d, 2, 1, 64), norm="batch"),
-                               ValueError, "norm_modulate: norm must be"),
-    "norm_modulate_scale_width": (lambda tk, d: tk.norm_modulate(t(d, 2, 4, 64), t(d, 2, 1, 32)), ValueError,
-                                  "norm_modulate: scale"),
-    # the norms' FP8 outputs check their inputs as the norms do, under their own names
-    "rms_norm_fp8_float64_x": (lambda tk, d: tk.rms_norm_fp8(t(d, 4, 64, dtype=torch.float64)), TypeError,
-                               "rms_norm_fp8: x must be float32, float16 or bfloat16, got Double"),
-    "rms_norm_fp8_rounding": (lambda tk, d: tk.rms_norm_fp8(t(d, 4, 64), rounding="vllm"), ValueError,
-                              "rms_norm_fp8: rounding must be"),
-    "fused_add_rms_norm_fp8_residual_shape": (lambda tk, d: tk.fused_add_rms_norm_fp8(t(d, 4, 64), t(d, 4, 32)),
-                                              ValueError, "fused_add_rms_norm_fp8: residual"),
-    "layer_norm_fp8_bias_width": (lambda tk, d: tk.layer_norm_fp8(t(d, 4, 64), None, t(d, 63)), ValueError,
-                                  r"layer_norm_fp8: bias must be 1-D with x.shape\[-1\] = 64 elements"),
-    "norm_modulate_fp8_bad_norm": (lambda tk, d: tk.norm_modulate_fp8(t(d, 2, 4, 64), t(d, 2, 1, 64), norm="batch"),
-                                   ValueError, "norm_modulate_fp8: norm must be"),
-    "gated_add_norm_modulate_fp8_y_shape": (lambda tk, d: tk.gated_add_norm_modulate_fp8(
-        t(d, 2, 4, 64), t(d, 2, 3, 64), None, t(d, 2, 1, 64)), ValueError, "gated_add_norm_modulate_fp8: y"),
-    # activations
-    "silu_float64": (lambda tk, d: tk.silu(t(d, 4, 64, dtype=torch.float64)), TypeError,
-                     "x must be float32, float16 or bfloat16"),
-    "gelu_bad_approximate": (lambda tk, d: tk.gelu(t(d, 4, 64), approximate="erf"), ValueError, "approximate"),
-    "silu_and_mul_odd_width": (lambda tk, d: tk.silu_and_mul(t(d, 4, 63)), ValueError, "silu_and_mul|act_and_mul"),
-    "act_mul_mismatched_shapes": (lambda tk, d: tk.act_mul(t(d, 4, 64), t(d, 4, 32)), ValueError,
-                                  r"act_mul: up must have the shape of gate \[4, 64\], got \[4, 32\]"),
-    "act_mul_2_31_rows": (lambda tk, d: tk.act_mul(expanded(d, BIG), expanded(d, BIG)), ValueError,
-                          f"has {BIG} rows"),
-    "gated_add_dtype": (lambda tk, d: tk.gated_add(t(d, 4, 64), t(d, 4, 64, dtype=torch.float16), t(d, 64)),
-                        TypeError, "gated_add: y"),
-    # RoPE
-    "rope_head_dim_mismatch": (lambda tk, d: tk.apply_rotary_pos_emb(t(d, 1, 4, 2, 64), t(d, 1, 4, 2, 32),
-                                                                     t(d, 1, 2, 64), t(d, 1, 2, 64)),
-                               ValueError, "apply_rotary_pos_emb|rope"),
-    "rope_odd_table_width": (lambda tk, d: tk.apply_rotary_pos_emb(t(d, 1, 4, 2, 64), t(d, 1, 4, 2, 64),
-                                                                   t(d, 1, 2, 63), t(d, 1, 2, 63)),
-                             ValueError, "apply_rotary_pos_emb|rope"),
-    "rotary_embedding_head_size_0": (lambda tk, d: tk.rotary_embedding(torch.zeros(4, dtype=torch.long, device=d),
-                                                                       t(d, 4, 64), t(d, 4, 64), 0, t(d, 8, 64)),
-                                     ValueError, "head_size must be positive, got 0"),
-    "hf_qk_norm_rope_eps_negative": (lambda tk, d: tk.hf_qk_norm_rope(t(d, 1, 4, 2, 64), t(d, 1, 4, 1, 64),
-                                                                      t(d, 64), t(d, 64), -1.0, t(d, 1, 4, 64),
-                                                                      t(d, 1, 4, 64)),
-                                     ValueError, "eps must be a finite number >= 0"),
-    # GroupNorm
-    "group_norm_groups_not_dividing": (lambda tk, d: tk.group_norm(t(d, 2, 30, 4, 4), 8), ValueError,
-                                       "group_norm"),
-    "group_norm_weight_shape": (lambda tk, d: tk.group_norm(t(d, 2, 32, 4, 4), 8, t(d, 16)), ValueError,
-                                "group_norm: weight"),
-    "group_norm_float64": (lambda tk, d: tk.group_norm(t(d, 2, 32, 4, 4, dtype=torch.float64), 8), TypeError,
-                           "x must be float32, float16 or bfloat16"),
-    # linear + GELU
-    "linear_gelu_in_features": (lambda tk, d: tk.linear_gelu(t(d, 4, 64), t(d, 96, 32)), ValueError,
-                                "linear_gelu"),
-    "linear_gelu_bias_shape": (lambda tk, d: tk.linear_gelu(t(d, 4, 64), t(d, 96, 64), t(d, 95)), ValueError,
-                               "linear_gelu: bias"),
-    # FP8 quantization
-    "quantize_fp8_int_dtype": (lambda tk, d: tk.quantize_fp8(torch.zeros(4, 64, dtype=torch.int32, device=d)),
-                               TypeError, "quantize_fp8: x must be"),
-    "quantize_fp8_scalar": (lambda tk, d: tk.quantize_fp8(t(d, 4)[0]), ValueError, "quantize_fp8: x must have at least one"),
-    "quantize_fp8_last_dim_strided": (lambda tk, d: tk.quantize_fp8(t(d, 64, 4).t()), ValueError, "quantize_fp8: x"),
-    "linear_fp8_x_dtype": (lambda tk, d: tk.linear_fp8(t(d, 4, 64), t(d, 4, 1, dtype=torch.float32),
-                                                       t(d, 32, 64).to(torch.float8_e4m3fn), t(d, 32, dtype=torch.float32)),
-                           TypeError, "linear_fp8: x must have dtype Float8_e4m3fn"),
-    "linear_fp8_in_features": (lambda tk, d: tk.linear_fp8(t(d, 4, 40).to(torch.float8_e4m3fn),
-                                                           t(d, 4, 1, dtype=torch.float32),
-                                                           t(d, 32, 40).to(torch.float8_e4m3fn),
-                                                           t(d, 32, dtype=torch.float32)),
-                               ValueError, "linear_fp8: in_features .* must be a multiple of 16"),
-    "linear_fp8_scale_shape": (lambda tk, d: tk.linear_fp8(t(d, 4, 64).to(torch.float8_e4m3fn),
-                                                           t(d, 4, dtype=torch.float32),
-                                                           t(d, 32, 64).to(torch.float8_e4m3fn),
-                                                           t(d, 32, dtype=torch.float32)),
-                               ValueError, "linear_fp8: x_scale must be"),
-    "linear_fp8_out_dtype": (lambda tk, d: tk.linear_fp8(t(d, 4, 64).to(torch.float8_e4m3fn),
-                                                         t(d, 4, 1, dtype=torch.float32),
-                                                         t(d, 32, 64).to(torch.float8_e4m3fn),
-                                                         t(d, 32, dtype=torch.float32), out_dtype=torch.float32),
-                             TypeError, "linear_fp8: out_dtype must be bfloat16 or float16"),
-    "decode_linear_rows": (lambda tk, d: tk.decode_linear(t(d, 9, 64), t(d, 32, 64)), ValueError,
-                           "decode_linear: x must have at most 8 rows"),
-    "decode_linear_fp8_without_scale": (lambda tk, d: tk.decode_linear(t(d, 2, 64), t(d, 32, 64).to(torch.float8_e4m3fn)),
-                                        ValueError, "decode_linear: a float8_e4m3fn weight needs its weight_scale"),
-    "decode_linear_k_multiple": (lambda tk, d: tk.decode_linear(t(d, 2, 60), t(d, 32, 60)), ValueError,
-                                 r"decode_linear: in_features \(x.shape\[-1\]\) must be a multiple of 8"),
-    "decode_linear_weight_dtype": (lambda tk, d: tk.decode_linear(t(d, 2, 64), t(d, 32, 64, dtype=torch.float16)),
-                                   TypeError, "decode_linear: weight must have x's dtype"),
-    "act_mul_fp8_act": (lambda tk, d: tk.act_mul_fp8(t(d, 4, 64), t(d, 4, 64), "relu"), ValueError,
-                        "act_mul_fp8: activation must be"),
-    "act_mul_fp8_up_shape": (lambda tk, d: tk.act_mul_fp8(t(d, 4, 64), t(d, 4, 32)), ValueError, "act_mul_fp8: up"),
-    # fused linear cross-entropy
-    "flce_target_dtype": (lambda tk, d: tk.fused_linear_cross_entropy(t(d, 6, 32), t(d, 50, 32),
-                                                                      torch.zeros(6, dtype=torch.int32, device=d)),
-                          TypeError, "fused_linear_cross_entropy: target"),
-    "flce_hidden_width": (lambda tk, d: tk.fused_linear_cross_entropy(t(d, 6, 32), t(d, 50, 16),
-                                                                      torch.zeros(6, dtype=torch.long, device=d)),
-                          ValueError, "fused_linear_cross_entropy"),
-    "flce_label_smoothing": (lambda tk, d: tk.fused_linear_cross_entropy(t(d, 6, 32), t(d, 50, 32),
-                                                                         torch.zeros(6, dtype=torch.long, device=d),
-                                                                         label_smoothing=1.5),
-                             ValueError, "label_smoothing"),
-}
+# name -> (call(tk, device), exception type, message regex): each family's BAD_INPUTS
+# (tests/<family>/<family>_reliability.py)
+CASES = gathered("reliability", "BAD_INPUTS")
 
 
 def raised(call):
@@ -219,11 +87,10 @@ def test_valid_views_of_one_buffer_pass_the_fakes(tk):
         assert q_out.shape == q.shape and k_out.shape == k.shape
 
 
-@pytest.mark.parametrize("name", sorted(__import__("op_catalog").ENTRIES))
+@pytest.mark.parametrize("name", sorted(oc.ENTRIES))
 def test_every_catalog_call_passes_its_fake(tk, name):
     """The catalog's valid calls (every case and dtype, on fake CUDA tensors: views of one buffer,
     offsets, strides, empty tensors) pass the fakes' checks: the stand-ins refuse nothing the kernel takes."""
-    import op_catalog as oc
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     for case in oc.cases_of(name):

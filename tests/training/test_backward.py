@@ -255,7 +255,9 @@ def check_fp32_rope_backward(ours, x, g, cos, sin, eager_fn):
 def test_ltx_rope_backward_tables_and_coords(tk, dtype, C, offset):
     """ltx_rope (tables) and ltx_rope_from_coords: gradients vs float64, and the coordinate
     form's gradient equal to the table form's with the module's tables, bit for bit."""
-    from rope_cases import ltx_coords_and_tables
+    from families import family_module
+
+    ltx_coords_and_tables = family_module("rope", "cases").ltx_coords_and_tables
 
     B, F, H, W = 2, 3, 5, 7
     grid, freqs, cos, sin = ltx_coords_and_tables(B, F, H, W, C, "video_coords")
