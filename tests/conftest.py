@@ -124,18 +124,23 @@ def device() -> str:
 
 # ---- reliability (stream 7): every test seeded from its node id; CUDA outputs allocated from NaN ----
 
-def node_seed(nodeid: str) -> int:
+def node_seed(nodeid: str, seed_file: "str | None" = None) -> int:
     """A stable 32-bit seed of a test's node id (Python's hash() is salted per process), without the
     family folder (tests/norm/test_x.py::t seeds as tests/test_x.py::t): the data each test drew
-    before the tests moved into folders, the data of its GPU runs of record."""
-    return zlib.crc32(re.sub(r"^tests/\w+/(test_\w+\.py::)", r"tests/\1", nodeid).encode())
+    before the tests moved into folders, the data of its GPU runs of record. A module whose tests
+    moved from another file names that file (``SEED_FILE = "test_rope.py"``): its tests seed as
+    they did there."""
+    nodeid = re.sub(r"^tests/\w+/(test_\w+\.py::)", r"tests/\1", nodeid)
+    if seed_file:
+        nodeid = re.sub(r"^tests/test_\w+\.py::", f"tests/{seed_file}::", nodeid)
+    return zlib.crc32(nodeid.encode())
 
 
 @pytest.fixture(autouse=True)
 def seed_from_node_id(request):
     """Every test draws its random data from a seed of its own node id, so its inputs do not depend
     on which tests ran before it (or on -k / -x / xdist) and a failure reruns with the same data."""
-    seed = node_seed(request.node.nodeid)
+    seed = node_seed(request.node.nodeid, getattr(getattr(request.node, "module", None), "SEED_FILE", None))
     torch.manual_seed(seed)  # every device's generator too
     random.seed(seed)
     return seed

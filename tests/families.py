@@ -12,8 +12,8 @@ count them). Each keeps its test registries in its test folder, named after it:
 A family's module is imported by its file under its own name (``rope_cases``), as pytest imports
 the modules of a test folder: it is one object whether a test of the folder, another family's
 module or a loader imports it first. A module or test of a family that needs another family's
-(qk_norm_rope's of rope's, the declared composition: ``family_module("rope", "cases")``) asks
-``family_module`` for it.
+(qk_norm_rope's of rope's, the declared composition: ``family_module("rope", "cases")``, and the
+rope property tests' shared pieces, ``rope_properties``) asks ``family_module`` for it.
 """
 
 from __future__ import annotations

@@ -128,7 +128,33 @@ def entries():
     }
 
 
-# ---- the GPU tests' inputs: LTX-Video's coordinates and diffusers' tables of them ----
+# ---- the GPU tests' inputs ----
+
+def hf_cos_sin(B, S, rotary_dim, dtype, theta=500000.0):
+    """As transformers' LlamaRotaryEmbedding builds them, at random non-monotonic positions."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, device="cuda").float() / rotary_dim))
+    positions = torch.randint(0, 8192, (B, S), device="cuda").float()
+    freqs = positions[..., None] * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def ltx_cos_sin(B, S, C):
+    """fp32 tables like LTXVideoRotaryPosEmbed: pairs repeated, identity channels prepended when
+    C % 6 != 0."""
+    freqs = torch.rand(B, S, C // 6 * 3, device="cuda") * 2 * math.pi
+    cos, sin = freqs.cos().repeat_interleave(2, dim=-1), freqs.sin().repeat_interleave(2, dim=-1)
+    pad = C - cos.shape[-1]
+    if pad:
+        cos = torch.cat([torch.ones(B, S, pad, device="cuda"), cos], dim=-1)
+        sin = torch.cat([torch.zeros(B, S, pad, device="cuda"), sin], dim=-1)
+    return cos, sin
+
+
+# LTX-Video's rotary coordinates, and the tables diffusers builds from them (the rope and
+# qk_norm_rope tests and the rotation backward tests)
+LTX_COORD_SOURCES = ["scaled_grid", "video_coords", "large_angles"]
+
 
 def ltx_coords_and_tables(B, F, H, W, C, source):
     """(grid, freqs) from integrations' ltx_rope_coords, and the fp32 cos/sin tables diffusers' own
