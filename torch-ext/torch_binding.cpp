@@ -284,11 +284,16 @@ void define_group_norm(torch::Library& ops) {
           "str activation) -> Tensor");
   ops.def("add_group_norm_out(Tensor! out, Tensor x, Tensor bias_nc, int num_groups, Tensor? weight, Tensor? bias, "
           "float eps, str activation) -> ()");
+  // The backward of both (bias_nc None for group_norm): the forward's inputs, grad_out in x's shape and
+  // layout; -> (grad_x, grad_bias_nc, grad_weight, grad_bias), those output_mask asks for (else empty).
+  ops.def("group_norm_backward(Tensor grad_out, Tensor x, Tensor? bias_nc, int num_groups, Tensor? weight, "
+          "Tensor? bias, float eps, str activation, bool[4] output_mask) -> (Tensor, Tensor, Tensor, Tensor)");
   for (const auto key : kKeys) {
     ops.impl("group_norm", key, &tk::group_norm);
     ops.impl("group_norm_out", key, &tk::group_norm_out);
     ops.impl("add_group_norm", key, &tk::add_group_norm);
     ops.impl("add_group_norm_out", key, &tk::add_group_norm_out);
+    ops.impl("group_norm_backward", key, &tk::group_norm_backward);
   }
 }
 

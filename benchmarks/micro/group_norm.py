@@ -1,5 +1,6 @@
 """Micro-benchmark cases of the group_norm family (csrc/group_norm/): group_norm and add_group_norm
-(+ SiLU) on SDXL's UNet (`--ops group_norm`) and VAE decoder (`--ops group_norm_vae`) shapes."""
+(+ SiLU) on SDXL's UNet (`--ops group_norm`) and VAE decoder (`--ops group_norm_vae`) shapes, and
+their backward on the UNet's (`--ops group_norm_backward`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Iterator
 import torch
 
 from benchmarks.harness import Case
-from benchmarks.micro.common import DTYPE_NAMES, nbytes, with_baselines
+from benchmarks.micro.common import DTYPE_NAMES, backward_impls, nbytes, with_baselines
 from reference.group_norm import eager_group_norm
 
 # ([N, C, H, W], groups, where the shape comes from): SDXL's UNet at 1024x1024 (128x128 latents,
@@ -73,4 +74,38 @@ def group_norm_vae_cases(tk, quick: bool) -> Iterator[Case]:
     return group_norm_cases(tk, quick, vae=True)
 
 
-CASES = {"group_norm": group_norm_cases, "group_norm_vae": group_norm_vae_cases}
+def group_norm_backward_case(tk, shape, groups: int, layout: str, time_add: bool, note: str) -> Case:
+    """The backward of ResnetBlock2D's norm2 + SiLU (with the time add) or norm1 + SiLU, as LoRA or full
+    fine-tuning runs it: the gradients of x, the weight and bias (and the time embedding). Bytes: x and
+    the output gradient read, the input gradient written (parameters are small)."""
+    eps, dtype = 1e-5, torch.bfloat16
+    fmt = torch.channels_last if layout == "channels_last" else torch.contiguous_format
+    x = torch.randn(shape, device="cuda", dtype=dtype).contiguous(memory_format=fmt)
+    w = (torch.rand(shape[1], device="cuda") + 0.5).to(dtype)
+    b = (torch.rand(shape[1], device="cuda") - 0.5).to(dtype)
+    temb = torch.randn(shape[0], shape[1], device="cuda", dtype=dtype)
+    if time_add:
+        ours = lambda x, t, w, b: tk.add_group_norm(x, t, groups, w, b, eps, "silu")  # noqa: E731
+        eager = lambda x, t, w, b: eager_group_norm(x, groups, w, b, eps, "silu", bias_nc=t)  # noqa: E731
+        inputs = (x, temb, w, b)
+    else:
+        ours = lambda x, w, b: tk.group_norm(x, groups, w, b, eps, "silu")  # noqa: E731
+        eager = lambda x, w, b: eager_group_norm(x, groups, w, b, eps, "silu")  # noqa: E731
+        inputs = (x, w, b)
+    op = ("add_group_norm" if time_add else "group_norm") + " + silu backward"
+    n, c, h, wd = shape
+    return Case(f"{op} ({layout.replace('_', '-')})", f"{n}x{c}x{h}x{wd} G{groups}", DTYPE_NAMES[dtype],
+                3 * nbytes(x), backward_impls(ours, eager, inputs), note=note)
+
+
+def group_norm_backward_cases(tk, quick: bool) -> Iterator[Case]:
+    for shape, groups, note in GROUP_NORM_SHAPES:
+        if shape[0] == 1 or (quick and shape not in GROUP_NORM_QUICK):
+            continue
+        for layout in ("channels_first", "channels_last"):
+            for time_add in (False, True):
+                yield group_norm_backward_case(tk, shape, groups, layout, time_add, note)
+
+
+CASES = {"group_norm": group_norm_cases, "group_norm_vae": group_norm_vae_cases,
+         "group_norm_backward": group_norm_backward_cases}

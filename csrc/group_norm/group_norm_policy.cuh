@@ -41,6 +41,14 @@ struct GroupNormPolicy {
   static constexpr int kStatsRegisterCap = 65536 / kRowThreads;
   // Threads of the finalize kernel: 8 warps, one (n, g) each.
   static constexpr int kFinalizeThreads = 256;
+  // The backward (NOTES.md §GroupNorm backward; assumed, not compared with alternatives): threads of
+  // its blocks; tiles of the channel sums for at least this many blocks an SM, each thread with at
+  // least this many positions of its channel (else fewer tiles).
+  static constexpr int kBackwardBlockThreads = 256;
+  static constexpr int kBackwardBlocksPerSm = 4;
+  static constexpr int kBackwardMinRowsPerThread = 8;
+  // Positions of its channel a backward thread loads before using any (loads in flight per thread).
+  static constexpr int kBackwardUnroll = 4;
 };
 
 }  // namespace transformer_kernels

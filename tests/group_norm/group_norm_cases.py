@@ -1,6 +1,6 @@
 """The group_norm family's catalog entries (tests/op_catalog.py gathers them): group_norm with and
-without affine parameters, add_group_norm (the time embedding's add) and their out= forms. x [N, C,
-*spatial] channels-first or channels-last (GROUP_NORM_SHAPES)."""
+without affine parameters, add_group_norm (the time embedding's add), their out= forms and their
+backward. x [N, C, *spatial] channels-first or channels-last (GROUP_NORM_SHAPES)."""
 
 import torch
 
@@ -44,10 +44,26 @@ def entries():
             return (dst, *args), (0,)
         return build
 
+    def backward(affine: bool, add: bool, activation: str):
+        """group_norm_backward: grad_out in x's layout, then the forward's arguments, every gradient asked."""
+        def build(m, case):
+            shape, groups, layout = GROUP_NORM_SHAPES[case]
+            c = shape[1]
+            x = _gn_place(m, m.values(shape), layout)
+            grad = _gn_place(m, m.values(shape, scale=1.0, offset=0.0), layout)
+            w, b = (m.param(c), m.tensor((c,), scale=0.5, offset=0.0)) if affine else (None, None)
+            bias_nc = m.tensor((1 if add == "shared" else shape[0], c), scale=0.5) if add else None
+            return (grad, x, bias_nc, groups, w, b, EPS, activation, [True] * 4), ()
+        return build
+
     return {
         "group_norm": ("group_norm", gn(True, False, False, "silu")),
         "group_norm[plain]": ("group_norm", gn(False, False, False, "none")),
         "group_norm_out": ("group_norm_out", gn(True, False, True, "none")),
         "add_group_norm": ("add_group_norm", gn(True, True, False, "silu")),
         "add_group_norm_out": ("add_group_norm_out", gn(False, True, True, "silu")),
+        "group_norm_backward": ("group_norm_backward", backward(True, None, "silu")),
+        "group_norm_backward[plain]": ("group_norm_backward", backward(False, None, "none")),
+        "group_norm_backward[add]": ("group_norm_backward", backward(True, "per_sample", "silu")),
+        "group_norm_backward[add_shared]": ("group_norm_backward", backward(False, "shared", "none")),
     }

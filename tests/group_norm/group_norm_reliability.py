@@ -30,6 +30,11 @@ def _cuda_graph_cases():
         t["xl"], t["temb"], 32, t["w"], t["b"], 1e-5, "silu"),))
     c["add_group_norm_out"] = (gn_inputs(2, 320, 32, 32), lambda tk, t: out_form(
         lambda o: tk.ops.add_group_norm_out.default(o, t["x"], t["temb"], 32, t["w"], t["b"], 1e-5, "silu"), t["x"]))
+    # the backward of ResnetBlock2D's norm2 + SiLU (SD fine-tuning), both layouts; its workspace from the pool
+    c["group_norm_backward"] = (gn_inputs(2, 320, 32, 32), lambda tk, t: tk.ops.group_norm_backward.default(
+        t["x"], t["x"], t["temb"], 32, t["w"], t["b"], 1e-5, "silu", [True] * 4))
+    c["group_norm_backward/channels_last"] = (gn_inputs(2, 320, 32, 32), lambda tk, t: tk.ops.group_norm_backward.default(
+        t["xl"], t["xl"], None, 32, t["w"], t["b"], 1e-5, "silu", [True, False, True, True])[::2])
     return c
 
 

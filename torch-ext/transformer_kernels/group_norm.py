@@ -15,16 +15,17 @@ The statistics themselves are summed in another order than ATen's Welford loop, 
 differs from ``F.group_norm`` in the last bits, and a 16-bit one only where the two fp32 means (or
 rstds) round to different 16-bit values: rarely, but then across the group.
 
-Training: these ops have no backward yet (``has_backward("group_norm")`` is False). Called under
-grad mode with an input that requires grad they raise (``_autograd.py``) rather than drop the
-gradient; ``inject`` in training mode leaves GroupNorm modules to ``F.group_norm``.
+Training: the functional forms have a backward (``group_norm_backward``: ATen's formulas in fp32, the
+statistics and, with ``activation="silu"``, the norm's rounded output recomputed from x), which gives
+the gradients of x, ``bias_nc``, ``weight`` and ``bias``. The ``out=`` forms have none: under grad
+mode with an input that requires grad they raise rather than drop the gradient.
 """
 
 from typing import Optional
 
 import torch
 
-from ._autograd import dispatch, refuse_grad
+from ._autograd import dispatch, refuse_grad, register_backward
 from ._fake import register_fake
 from ._ops import ops
 
@@ -102,6 +103,7 @@ _group_norm = ops.group_norm.default
 _group_norm_out = ops.group_norm_out.default
 _add_group_norm = ops.add_group_norm.default
 _add_group_norm_out = ops.add_group_norm_out.default
+_group_norm_backward = ops.group_norm_backward.default
 
 
 # ---- fake (meta) implementations: shapes, dtypes and strides for torch.compile ----
@@ -178,3 +180,62 @@ def _(x, bias_nc, num_groups, weight, bias, eps, activation):
 def _(out, x, bias_nc, num_groups, weight, bias, eps, activation):
     _check("add_group_norm", x, num_groups, activation)
     _check_out("add_group_norm", out, x)
+
+
+@register_fake("group_norm_backward")
+def _(grad_out, x, bias_nc, num_groups, weight, bias, eps, activation, output_mask):
+    _check("group_norm_backward", x, num_groups, activation)
+    torch._check(grad_out.shape == x.shape,
+                 lambda: f"group_norm_backward: grad_out must have the shape of x {tuple(x.shape)}, got {tuple(grad_out.shape)}")
+    none = x.new_empty((0,))
+    return (_empty_like_layout(x) if output_mask[0] else none,
+            x.new_empty(bias_nc.shape) if output_mask[1] and bias_nc is not None else none,
+            x.new_empty((x.shape[1],)) if output_mask[2] and weight is not None else none,
+            x.new_empty((x.shape[1],)) if output_mask[3] and bias is not None else none)
+
+
+# ---- autograd: both functional forms' backward is group_norm_backward ----
+
+
+def _in_layout_of(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """The incoming gradient in x's layout, which the backward op reads it in: autograd may hand a
+    channels-first gradient for a channels-last x (a copy then, as aten's own backward makes one)."""
+    if _is_channels_last(x):
+        return grad if _dense_in_order(grad, _channels_last_order(grad.dim())) else grad.contiguous(
+            memory_format=torch.channels_last if x.dim() == 4 else torch.channels_last_3d)
+    return grad if _dense_in_order(grad, _channels_first_order(grad.dim())) else grad.contiguous()
+
+
+def _setup_group_norm(ctx, inputs, output):
+    x, ctx.num_groups, weight, bias, ctx.eps, ctx.activation = inputs
+    ctx.save_for_backward(x, weight, bias)
+
+
+def _group_norm_bwd(ctx, grad):
+    x, weight, bias = ctx.saved_tensors
+    need_x, _, need_w, need_b = ctx.needs_input_grad[:4]
+    if grad is None:
+        return (None,) * 6
+    dx, _, dw, db = _group_norm_backward(_in_layout_of(grad, x), x, None, ctx.num_groups, weight, bias, ctx.eps,
+                                         ctx.activation, [need_x, False, need_w, need_b])
+    return dx if need_x else None, None, dw if need_w else None, db if need_b else None, None, None
+
+
+def _setup_add_group_norm(ctx, inputs, output):
+    x, bias_nc, ctx.num_groups, weight, bias, ctx.eps, ctx.activation = inputs
+    ctx.save_for_backward(x, bias_nc, weight, bias)
+
+
+def _add_group_norm_bwd(ctx, grad):
+    x, bias_nc, weight, bias = ctx.saved_tensors
+    need_x, need_bias_nc, _, need_w, need_b = ctx.needs_input_grad[:5]
+    if grad is None:
+        return (None,) * 7
+    dx, dbias_nc, dw, db = _group_norm_backward(_in_layout_of(grad, x), x, bias_nc, ctx.num_groups, weight, bias,
+                                                ctx.eps, ctx.activation, [need_x, need_bias_nc, need_w, need_b])
+    return (dx if need_x else None, dbias_nc if need_bias_nc else None, None, dw if need_w else None,
+            db if need_b else None, None, None)
+
+
+register_backward("group_norm", _group_norm_bwd, _setup_group_norm)
+register_backward("add_group_norm", _add_group_norm_bwd, _setup_add_group_norm)

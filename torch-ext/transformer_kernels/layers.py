@@ -98,7 +98,7 @@ class GroupNorm(torch.nn.Module):
     weight: torch.Tensor
     bias: torch.Tensor
     can_torch_compile: bool = True
-    has_backward: bool = False
+    has_backward: bool = True
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         weight, bias = self.weight, self.bias
