@@ -396,3 +396,43 @@ def test_benchmark_configs_are_the_real_models(tk):
     assert report.training and report.replaced == expected_replaced(sd15) and not report.skipped, report
     assert expected_replaced(sdxl) == {"resnet_block": 17, "group_norm": 11, "norm_out_silu": 1, "geglu": 70,
                                        "layer_norm": 210}
+
+
+def test_lora_training_step_through_the_injected_unet_matches_eager(tk):
+    """SD fine-tuning as diffusers' LoRA scripts run it: peft adapters on the attention projections
+    and the feed-forward's GEGLU projection, the base frozen, the UNet in training mode. inject applies
+    the GroupNorm rules (they have a backward) and leaves a GEGLU whose projection carries an adapter
+    to diffusers (its rule takes a plain projection only); the loss and every adapter gradient are
+    eager's exactly (the stand-ins are the eager code; the kernels' own backward is checked against
+    float64 in tests/group_norm/test_group_norm_backward.py)."""
+    peft = pytest.importorskip("peft")
+    import copy
+
+    eager = small_unet(SD15).train()
+    eager.requires_grad_(False)
+    eager.add_adapter(peft.LoraConfig(r=4, lora_alpha=4, target_modules=["to_q", "to_k", "to_v", "to_out.0", "proj"]))
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():  # peft starts lora_B at zero: lora_A would get no gradient
+        for name, p in eager.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+    adapters = [name for name, p in eager.named_parameters() if p.requires_grad]
+    assert any("ff.net.0.proj" in name for name in adapters) and any("to_q" in name for name in adapters)
+    ours = copy.deepcopy(eager)
+    kernels = stand_in()
+    kernels.has_backward = tk.has_backward
+    report = inject(ours, kernels)
+    assert report.training and {"resnet_block", "norm_out_silu", "group_norm"} <= set(report.replaced), report
+    geglu_skips = [why for path, why in report.skipped.items() if path.endswith("ff.net.0")]
+    assert "geglu" not in report.replaced and geglu_skips and set(geglu_skips) == {"not diffusers' GEGLU"}, report
+    inputs = unet_inputs(SD15)
+    target = torch.randn(2, 4, 16, 16, generator=g)
+    losses = [torch.nn.functional.mse_loss(model(**inputs)[0], target) for model in (eager, ours)]
+    for loss in losses:
+        loss.backward()
+    assert torch.equal(losses[0], losses[1])
+    assert kernels.calls["add_group_norm"] > 0 and kernels.calls["group_norm"] > 0, kernels.calls
+    params = [dict(model.named_parameters()) for model in (eager, ours)]
+    for name in adapters:
+        assert params[1][name].grad is not None, f"{name}: the adapter got no gradient through the injected UNet"
+        torch.testing.assert_close(params[1][name].grad, params[0][name].grad, rtol=0, atol=0, msg=name)
