@@ -167,6 +167,18 @@ def test_backward_traces_on_meta_with_every_gradient(tk):
     assert tk.layers.GroupNorm.has_backward
 
 
+@pytest.mark.parametrize("shape", [(2, 16, 12), (2, 16, 4, 3), (2, 16, 2, 3, 2)], ids=["3d", "4d", "5d"])
+def test_a_channels_first_gradient_reaches_a_channels_last_x_of_any_rank(tk, shape):
+    """The autograd glue puts the incoming gradient in x's layout (channels innermost) whatever x's rank;
+    the op itself refuses a gradient in another layout (its C++ check runs on meta tensors too)."""
+    x = meta(*shape).movedim(1, -1).contiguous().movedim(-1, 1).requires_grad_(True)
+    out = tk.group_norm(x, 4, activation="silu")
+    (dx,) = torch.autograd.grad(out, x, meta(*shape))  # a contiguous (channels-first) gradient
+    assert dx.shape == x.shape and dx.stride() == x.stride()
+    with pytest.raises(Exception, match="grad_out must have x's memory format"):
+        tk.ops.group_norm_backward(meta(*shape), x.detach(), None, 4, None, None, EPS, "none", [True] * 4)
+
+
 def test_the_fake_gives_empty_tensors_for_gradients_not_asked(tk):
     x = meta(2, 32, 4, 4)
     dx, dbnc, dw, db = tk.ops.group_norm_backward(x, x, None, 8, meta(32), None, EPS, "none",

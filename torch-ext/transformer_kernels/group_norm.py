@@ -199,10 +199,12 @@ def _(grad_out, x, bias_nc, num_groups, weight, bias, eps, activation, output_ma
 
 def _in_layout_of(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """The incoming gradient in x's layout, which the backward op reads it in: autograd may hand a
-    channels-first gradient for a channels-last x (a copy then, as aten's own backward makes one)."""
+    channels-first gradient for a channels-last x (a copy then, as aten's own backward makes one).
+    Channels innermost for any rank ([N, C, L] too, which torch's memory formats do not name)."""
     if _is_channels_last(x):
-        return grad if _dense_in_order(grad, _channels_last_order(grad.dim())) else grad.contiguous(
-            memory_format=torch.channels_last if x.dim() == 4 else torch.channels_last_3d)
+        if _dense_in_order(grad, _channels_last_order(grad.dim())):
+            return grad
+        return grad.movedim(1, -1).contiguous().movedim(-1, 1)
     return grad if _dense_in_order(grad, _channels_first_order(grad.dim())) else grad.contiguous()
 
 
