@@ -58,11 +58,14 @@ def inject(model_or_pipe, tk: ModuleType | None = None, *, strict: bool = False,
     module (default: ``load_kernel()``, the Hub or the local build LOCAL_KERNELS names). ``training``
     (default: whether any of the models is in training mode): only the rules whose ops have a
     backward, and a causal LM's loss through the fused linear cross-entropy
-    (``fused_linear_cross_entropy``). Passes, off by default, declared by the tables
-    (``RuleTable.passes``): ``fp8=True`` (inference on GPUs with FP8 tensor cores, compute capability
-    8.9+): the large linear layers of the transformer blocks run as FP8 GEMMs, quantized per token and
-    per output channel (``fp8.py`` says which layers stay bf16 and what it costs in memory);
-    ``fp8_exclude``: ``fnmatch`` patterns of module paths kept in bf16."""
+    (``fused_linear_cross_entropy``). Passes declared by the tables (``RuleTable.passes``): ``fp8=True``
+    (off by default; inference on GPUs with FP8 tensor cores, compute capability 8.9+): the large linear
+    layers of the transformer blocks run as FP8 GEMMs, quantized per token and per output channel
+    (``fp8.py`` says which layers stay bf16 and what it costs in memory); ``fp8_exclude``: ``fnmatch``
+    patterns of module paths kept in bf16; ``fp8_weights_only=True``: those layers keep e4m3 weights in
+    place of their 16-bit ones (freed) and take 16-bit inputs (LLM decode). ``decode_linear`` (the
+    transformers models' pass, on by default; ``False`` turns it off): the decoder layers' 16-bit
+    projections run ``decode_linear`` for a decode step's rows (``decode.py``: the thresholds)."""
     if isinstance(model_or_pipe, torch.nn.Module):
         models = [("", model_or_pipe)]
     else:

@@ -39,6 +39,23 @@ Memory: the bf16 weights are kept (``uninject`` gives them back untouched, bit f
 FP8 codes and scales: weight memory grows by about half (one byte per weight plus 4 bytes per output
 channel); the report says how many bytes (``report.extras["fp8"]``: ``layers``, ``weight_bytes``).
 
+Weight-only (``inject(model, fp8=True, fp8_weights_only=True)``, for LLM decode): the same layers keep
+e4m3 codes and a float32 scale per output channel and no 16-bit weight, and their inputs stay 16-bit
+(no producer emits FP8 for them: each declares ``accepts=None``). The weights are quantized layer by
+layer at inject (``quantize_fp8``; a merge's as one, its children views of the merged codes), so the
+peak holds one layer's codes beside the 16-bit model: each linear layer's ``weight`` becomes a
+``Parameter`` of the codes (``requires_grad=False``, the same shape) with a ``weight_scale`` buffer
+``[out, 1]``, and the 16-bit storage is released (the original ``Parameter`` object, emptied, is kept
+for uninject). A call with at most ``decode.FP8_MAX_ROWS`` rows (a decode step's tokens) runs
+``decode_linear`` on the codes; more rows (prefill), and calls it cannot take (tensors off the GPU,
+autocast, gradients wanted: a logged fallback where the rows were few enough), widen the codes to x's
+dtype, scale them in place (``codes * scale`` rounded once) and run ``F.linear``: one layer's 16-bit
+weight exists for the length of the call. The report counts them as ``fp8_weight_only``;
+``report.extras["fp8"]`` adds ``weights_only`` and ``bf16_bytes_freed``. ``uninject`` gives each layer
+its original ``Parameter`` back holding the dequantized weights (``codes * scale`` rounded to its dtype:
+e4m3's error, about 2**-4 of each weight, stays). ``model.to(dtype)`` keeps the codes e4m3 and the
+scales float32 (a wrapper of the layer's ``_apply``); ``.to(device)`` moves them.
+
 ``PASS`` is all the engine sees of it: the rule tables that serve FP8 carry it
 (``RuleTable(..., passes=(fp8.PASS,))``), which makes ``fp8`` and ``fp8_exclude`` keywords of their
 ``inject``. Tensors go to the kernels only on the table's devices (``RuleTable.kernel_devices``).
@@ -50,17 +67,21 @@ import enum
 import fnmatch
 import functools
 import re
+import types
 from types import ModuleType
 from typing import Any, Callable, Iterable
 
 import torch
 import torch.nn.functional as F
 
-from . import merging
+from . import decode, merging
 from .patching import Option, Pass
 
-SWITCH = "fp8"  # inject(model, fp8=True); its options: fp8_exclude
+SWITCH = "fp8"  # inject(model, fp8=True); its options: fp8_exclude, fp8_weights_only
 KIND = "fp8_linear"
+# what the report calls the layers under fp8_weights_only, and the ops they run
+WEIGHTS_ONLY_KIND = "fp8_weight_only"
+WEIGHTS_ONLY_OPS = ("quantize_fp8", "decode_linear")
 # The ops the FP8 layers run: the GEMM, the quantization of inputs no producer of ours emits, and the
 # producers that emit them (a decoder layer's norms, the gated MLP's unit).
 OPS = ("quantize_fp8", "linear_fp8", "act_mul_fp8", "rms_norm_fp8", "fused_add_rms_norm_fp8", "norm_modulate_fp8",
@@ -206,7 +227,7 @@ def usable_of(module: torch.nn.Module | None, x: torch.Tensor | QuantizedRows, i
     """The layer's FP8 weight where its GEMM can take x now (and, for QuantizedRows, accepts its
     key); else None (and `inj` hears why, a fallback of kind ``fp8_linear``)."""
     fp8 = of(module)
-    if fp8 is None:
+    if fp8 is None or fp8.accepts is None:  # none, or weight-only (its forward takes 16-bit x)
         return None
     why = unusable(x, module.weight, fp8.devices())
     if why is None:
@@ -344,6 +365,8 @@ def apply(model: torch.nn.Module, prefix: str, inj, options: dict[str, Any]) -> 
     tk, record = inj.tk, inj.report.extras[SWITCH]
     exclude = tuple(options["exclude"])
     chosen = {id(m): (path, m) for path, m in model.named_modules(prefix=prefix) if selected(path, m, exclude)}
+    if options["weights_only"]:
+        return _apply_weights_only(model, inj, chosen, record)
     merged_children: set[int] = set()
     for module in model.modules():
         for merged in module.__dict__.get("_tk_merged", {}).values():
@@ -418,6 +441,185 @@ def _merged_gemm(inj, merged: merging.MergedLinear):
     return gemm
 
 
+# ---- weight-only (fp8_weights_only=True): e4m3 codes in place of the 16-bit weights ----
+
+class WeightOnly:
+    """What inject gave a weight-only layer or merge (``of(module)``, ``MergedLinear.low_precision.fp8``):
+    its GEMM takes 16-bit inputs, no quantized activation (``accepts`` None: no producer emits FP8 for
+    it)."""
+
+    accepts = None
+
+    def __init__(self, devices: Callable[[], tuple[str, ...]]):
+        self.devices = devices
+
+
+def dequantize(codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``codes * scale`` in `dtype`, rounded once: the codes widened (exact: every e4m3 value is a
+    bf16 and an fp16 value), then scaled in place (the product computed in fp32), so no fp32 copy of
+    the weight is made."""
+    return codes.to(dtype).mul_(scale.reshape(-1, 1))
+
+
+def dequantized_linear(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor,
+                       bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear`` on the dequantized weight (in x's dtype, for the length of the call)."""
+    return F.linear(x, dequantize(codes, scale, x.dtype), bias)
+
+
+def _why_not_decode(x: torch.Tensor, devices: Callable[[], tuple[str, ...]]) -> str:
+    if x.device.type not in devices():
+        return f"tensors on {x.device.type}, not the GPU"
+    if torch.is_autocast_enabled(x.device.type):
+        return "autocast is on"
+    if x.dtype not in decode.DTYPES:
+        return f"input {x.dtype} (decode_linear takes bf16 or fp16 inputs here)"
+    if torch.is_grad_enabled() and x.requires_grad:
+        return "gradients are wanted (decode_linear has no backward)"
+    return "its bias has another dtype than its input"
+
+
+def weights_only_linear(inj, x: torch.Tensor | QuantizedRows, codes: torch.Tensor, scale: torch.Tensor,
+                        bias: torch.Tensor | None) -> torch.Tensor:
+    """``x @ (codes * scale).T + bias``: ``decode_linear`` on the codes for at most
+    ``decode.FP8_MAX_ROWS`` rows (x copied first where its rows are not one aligned stride apart),
+    else the dequantized weight with ``F.linear``; where the rows were few enough but the call cannot
+    take the kernel (device, autocast, gradients), a logged fallback of kind ``fp8_weight_only``."""
+    if isinstance(x, QuantizedRows):  # (not planned: every weight-only GEMM accepts no key)
+        x = x.dequantized()
+    devices = inj.kernel_devices
+    if decode.takes(x, codes, bias, decode.FP8_MAX_ROWS, devices):
+        if not decode.aligned_rows(x):
+            x = x.clone(memory_format=torch.contiguous_format)
+        return inj.tk.decode_linear(x, codes, scale, bias)
+    if x.dim() and 1 <= decode.rows(x) <= decode.FP8_MAX_ROWS:
+        inj.fallback(WEIGHTS_ONLY_KIND, _why_not_decode(x, devices), instead="the dequantized weight with F.linear")
+    return dequantized_linear(x, codes, scale, bias)
+
+
+def _weights_only_forward(inj):
+    def forward(self, x):
+        return weights_only_linear(inj, x, self.weight, self.weight_scale, self.bias)
+
+    return forward
+
+
+def _apply_keeping_codes(module: torch.nn.Module, fn, *args, **kwargs):
+    """``module._apply`` (behind ``.to()``, ``.half()``, ``.cuda()``) of a weight-only layer: a dtype
+    conversion leaves the codes e4m3 and the scales float32 (a device move moves them)."""
+    codes, scale = module._parameters["weight"].data, module._buffers["weight_scale"]
+    result = type(module)._apply(module, fn, *args, **kwargs)
+    weight = module._parameters["weight"]
+    if weight.dtype != codes.dtype:
+        with torch.no_grad():
+            weight.data = codes.to(weight.device)
+    now = module._buffers["weight_scale"]
+    if now.dtype != scale.dtype:
+        module._buffers["weight_scale"] = scale.to(now.device)
+    return result
+
+
+def _keep_codes(inj, linear: torch.nn.Linear, codes: torch.Tensor, scale: torch.Tensor) -> int:
+    """Makes `linear` a weight-only layer: ``weight`` a Parameter of the codes, ``weight_scale`` a
+    buffer, the original Parameter emptied (its storage released once no merge holds it) and kept for
+    uninject, which gives it back holding the dequantized weight. Returns the 16-bit bytes released."""
+    original = linear._parameters["weight"]
+    freed = original.numel() * original.element_size()
+    linear._parameters["weight"] = torch.nn.Parameter(codes, requires_grad=False)
+    linear.register_buffer("weight_scale", scale)
+    with torch.no_grad():
+        original.data = original.data.new_empty((0,))
+    linear.__dict__[_STATE] = WeightOnly(inj.kernel_devices)
+    linear._apply = types.MethodType(_apply_keeping_codes, linear)
+
+    def undo() -> None:
+        weight, weight_scale = linear._parameters["weight"], linear._buffers.pop("weight_scale")
+        with torch.no_grad():
+            original.data = dequantize(weight.detach(), weight_scale, original.dtype)
+        linear._parameters["weight"] = original
+        linear.__dict__.pop(_STATE, None)
+        if getattr(linear.__dict__.get("_apply"), "__func__", None) is _apply_keeping_codes:
+            del linear.__dict__["_apply"]
+
+    inj.undo.append(undo)
+    return freed
+
+
+def _weights_only_merged_gemm(inj, merged: merging.MergedLinear, scale: torch.Tensor):
+    """A merge of weight-only layers' GEMM (``MergedLinear.low_precision``): ``weights_only_linear`` on
+    the merged codes (``merged.weight``) and ``scale``, the concatenation of its children's scales
+    (their buffers are views of it; concatenated again where a move gave them storage of their own).
+    None where the merge no longer holds codes (its children were replaced): the merge's own GEMM."""
+    state = {"scale": scale, "seen": None}
+    children = lambda: [getattr(merged.module, n) for n in merged.names]  # noqa: E731
+
+    def current_scale() -> torch.Tensor:
+        if not torch.compiler.is_compiling():
+            scales = [getattr(c, "weight_scale", None) for c in children()]
+            seen = tuple(None if t is None else t.data_ptr() for t in scales)
+            if seen != state["seen"]:
+                if None not in scales and state["seen"] is not None:
+                    state["scale"] = torch.cat(scales)
+                state["seen"] = seen
+        return state["scale"]
+
+    def gemm(x: torch.Tensor | QuantizedRows) -> torch.Tensor | None:
+        codes = merged.weight
+        if codes.dtype != torch.float8_e4m3fn:
+            return None
+        return weights_only_linear(inj, x, codes, current_scale(), merged.bias)
+
+    current_scale()  # the views' pointers, as the children hold them now
+    gemm.fp8 = WeightOnly(inj.kernel_devices)
+    return gemm
+
+
+def _apply_weights_only(model: torch.nn.Module, inj, chosen: dict[int, tuple[str, torch.nn.Module]],
+                        record: dict[str, Any]) -> int:
+    """``apply`` under ``fp8_weights_only``: each chosen layer keeps e4m3 codes and scales in place of
+    its 16-bit weight (a merge whose projections are all chosen quantized as one, its children views
+    of the merged codes; a merge with one left out, or diffusers' own fused projection, stays 16-bit
+    with all its projections), layer by layer; records them; returns how many layers."""
+    tk = inj.tk
+    record["weights_only"] = True
+    record["bf16_bytes_freed"] = record.get("bf16_bytes_freed", 0)
+    order = list(chosen)
+    done: set[int] = set()
+
+    def keep(linear: torch.nn.Linear, codes: torch.Tensor, scale: torch.Tensor) -> None:
+        record["bf16_bytes_freed"] += _keep_codes(inj, linear, codes, scale)
+        inj.set_forward(linear, _weights_only_forward(inj))
+        done.add(id(linear))
+
+    for module in model.modules():
+        for merged in module.__dict__.get("_tk_merged", {}).values():
+            children = [getattr(module, n, None) for n in merged.names]
+            if not merged.enabled:
+                continue  # its projections run alone: each its own codes below
+            if merged.fused or not all(id(c) in chosen for c in children):
+                for c in children:
+                    chosen.pop(id(c), None)
+                continue
+            with torch.no_grad():
+                codes, scale = tk.quantize_fp8(merged.weight.detach())
+            for child, child_codes, child_scale in zip(children, codes.split(merged.sizes), scale.split(merged.sizes)):
+                keep(child, child_codes, child_scale)
+            del codes
+            merged.merge()  # one tensor of codes again, the children views of it; the 16-bit merge released
+            merged.low_precision = _weights_only_merged_gemm(inj, merged, scale)
+            inj.undo.append(lambda m=merged: setattr(m, "low_precision", None))
+    for key, (path, module) in chosen.items():
+        if key not in done:
+            with torch.no_grad():
+                keep(module, *tk.quantize_fp8(module.weight.detach()))
+    for key in order:
+        if key in done:
+            path, module = chosen[key]
+            record["layers"].append(path)
+            record["weight_bytes"] += weight_bytes(module)
+    return len(done)
+
+
 def _exclude_patterns(value) -> tuple[str, ...]:
     """``fp8_exclude``'s value: a sequence of fnmatch patterns (strings)."""
     if isinstance(value, str):
@@ -435,11 +637,37 @@ def _exclude_patterns(value) -> tuple[str, ...]:
 def _describe(record: dict[str, Any]) -> str | None:
     if not record["layers"]:
         return None
+    if record.get("weights_only"):
+        return (f"fp8: {len(record['layers'])} linear layers with FP8 weights (weight-only: decode_linear at <= "
+                f"{decode.FP8_MAX_ROWS} rows, the dequantized weight and F.linear above), "
+                f"{record['weight_bytes'] / 2**20:.1f} MiB of e4m3 weights and scales in place of "
+                f"{record['bf16_bytes_freed'] / 2**20:.1f} MiB of 16-bit weights (freed; uninject restores them "
+                "dequantized)")
     return (f"fp8: {len(record['layers'])} linear layers in FP8, {record['weight_bytes'] / 2**20:.1f} MiB of e4m3 "
             "weights and scales beside the bf16 weights (kept for uninject)")
 
 
-# What the rule tables that serve FP8 carry (RuleTable.passes): inject(model, fp8=True, fp8_exclude=...).
+def _flag(value) -> bool:
+    """A boolean option's value (``fp8_weights_only``)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"takes True or False, got {value!r}")
+    return value
+
+
+WEIGHTS_ONLY_FALLBACK = ("more rows than a decode step's, tensors off the GPU, autocast or gradients wanted: the "
+                         "dequantized weight with F.linear")
+
+
+def _variant(options: dict[str, Any]) -> tuple[str, tuple[str, ...], str]:
+    """What the report calls the layers, the ops they run and when they take the other path."""
+    if options["weights_only"]:
+        return WEIGHTS_ONLY_KIND, WEIGHTS_ONLY_OPS, WEIGHTS_ONLY_FALLBACK
+    return KIND, OPS, FALLBACK
+
+
+# What the rule tables that serve FP8 carry (RuleTable.passes): inject(model, fp8=True, fp8_exclude=...,
+# fp8_weights_only=...).
 PASS = Pass(switch=SWITCH, kind=KIND, what="the FP8 layers", ops=OPS, apply=apply,
-            options=(Option("exclude", (), _exclude_patterns),), check=check, fallback=FALLBACK,
-            extras=lambda: {"layers": [], "weight_bytes": 0}, describe=_describe)
+            options=(Option("exclude", (), _exclude_patterns), Option("weights_only", False, _flag)), check=check,
+            fallback=FALLBACK, extras=lambda: {"layers": [], "weight_bytes": 0}, describe=_describe,
+            variant=_variant)

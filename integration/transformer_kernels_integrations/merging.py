@@ -4,7 +4,8 @@
 biases) once and makes each child's parameter a view of its rows: memory does not grow, the
 parameters keep their names, objects and ``state_dict`` keys, and an in-place update of one
 (``load_state_dict``, an optimizer step) is an update of the merged weight. Calling it computes
-``F.linear(x, merged_weight, merged_bias)``; ``split`` gives the per-projection outputs as strided
+``F.linear(x, merged_weight, merged_bias)`` (or the GEMM a pass set: ``low_precision``, FP8;
+``decode``, ``decode_linear`` for a decode step's few rows); ``split`` gives the per-projection outputs as strided
 views of that one result (the RoPE, q/k-norm and gated-unit ops read such views without copies).
 As vLLM's ``QKVParallelLinear`` / ``MergedColumnParallelLinear`` and diffusers'
 ``fuse_qkv_projections`` (which keeps a second copy of the weights) do.
@@ -97,6 +98,9 @@ class MergedLinear:
         self.on_fallback: Callable[[str], None] | None = None
         # set by inject(fp8=True) (fp8.py): the FP8 GEMM, giving its output, or None where it cannot take x
         self.low_precision: Callable[[torch.Tensor], torch.Tensor | None] | None = None
+        # set by the decode pass (decode.py) where the GEMM runs 16-bit: decode_linear's output where the
+        # call has few rows, or None (F.linear then runs)
+        self.decode: Callable[[torch.Tensor], torch.Tensor | None] | None = None
         # told after each refresh() (inject(fp8=True) plans again what the block that feeds it emits)
         self.on_refresh: Callable[[], None] | None = None
         self.merge()
@@ -197,6 +201,10 @@ class MergedLinear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.low_precision is not None:
             out = self.low_precision(x)
+            if out is not None:
+                return out
+        if self.decode is not None:
+            out = self.decode(x)
             if out is not None:
                 return out
         return F.linear(x, self.weight, self.bias)

@@ -28,11 +28,12 @@ tensors off the GPU) runs the library's own code, and a merged projection that c
 in their forwards; the diffusers rules through ``Rule.kernel_devices``: ``Injection.set_forward``
 wraps their forwards and ``set_processor`` tells our attention processors which one they replace.
 
-Passes: a feature applied to a whole model after its rules (FP8 linear layers, ``fp8.PASS``) is a
-``Pass`` its tables carry (``RuleTable.passes``): off unless ``inject(model, <switch>=True)``, with
-options ``<switch>_<option>`` (``fp8_exclude``); ``inject`` takes, checks and refuses these keywords
-from the passes' declarations, as it does the rules' switches, and this module imports no feature.
-What a pass records beyond its count goes to ``report.extras[<switch>]``.
+Passes: a feature applied to a whole model after its rules (FP8 linear layers, ``fp8.PASS``; the
+decode steps' GEMMs, ``decode.PASS``) is a ``Pass`` its tables carry (``RuleTable.passes``): off unless
+``inject(model, <switch>=True)`` (or, declared ``default=True``, on unless given False), with options
+``<switch>_<option>`` (``fp8_exclude``, ``fp8_weights_only``); ``inject`` takes, checks and refuses these
+keywords from the passes' declarations, as it does the rules' switches, and this module imports no
+feature. What a pass records beyond its count goes to ``report.extras[<switch>]``.
 
 Training (``inject`` on a model in training mode, or ``training=True``): ``for_training`` keeps a
 rule only where every op it needs under grad (``Rule.needs_backward``) has a backward (``tk.has_backward``),
@@ -76,7 +77,7 @@ class InjectionReport:
     ``extras``: pass switch -> what that pass recorded, for each pass the models' tables carry (on
     or off); ``report.<switch>_<key>`` reads ``extras[switch][key]``: ``report.fp8_layers``, the paths
     of the linear layers ``inject(fp8=True)`` runs in FP8, and ``report.fp8_weight_bytes``, the memory
-    their FP8 weights add (the bf16 weights are kept)."""
+    their FP8 weights take (beside the bf16 weights, or in their place under ``fp8_weights_only``)."""
 
     replaced: dict[str, int] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
@@ -170,14 +171,17 @@ class Option:
 @dataclass(frozen=True)
 class Pass:
     """A feature applied to each model after its rules, by every table that carries it
-    (``RuleTable.passes``): the FP8 linear layers (``fp8.PASS``). Off unless ``inject(...,
-    <switch>=True)``; its options are the keywords ``<switch>_<option>``, refused while it is off.
-    Before anything is patched, ``check(tk, models, training)`` may refuse it (training, the GPU), and
-    a kernel build without its ``ops`` is refused; after each model's rules, ``apply(model, prefix,
+    (``RuleTable.passes``): the FP8 linear layers (``fp8.PASS``), the decode GEMMs (``decode.PASS``).
+    Off unless ``inject(..., <switch>=True)``, or with ``default=True`` on unless given False; its
+    options are the keywords ``<switch>_<option>``, refused while it is off. Before anything is
+    patched, ``check(tk, models, training)`` may refuse it (training, the GPU), and a kernel build
+    without its ops is refused (a pass on by default and not asked for is left out instead, with a
+    logged warning: an older build still injects); after each model's rules, ``apply(model, prefix,
     injection, options)`` patches and returns how many modules, which the report counts under
-    ``kind`` (with ``ops`` and ``fallback``, as for a rule). What else it records goes to
-    ``report.extras[switch]`` (``extras()``: the empty record, there for each pass the tables carry;
-    ``describe(record)``: the report's line, or None)."""
+    ``kind`` (with ``ops`` and ``fallback``, as for a rule; ``variant(options)`` gives another kind,
+    ops and fallback where an option changes what it runs: ``fp8_weights_only``). What else it records
+    goes to ``report.extras[switch]`` (``extras()``: the empty record, there for each pass the tables
+    carry; ``describe(record)``: the report's line, or None)."""
 
     switch: str                                          # the inject keyword that turns it on
     kind: str                                            # what the report calls the modules it patches
@@ -189,11 +193,18 @@ class Pass:
     fallback: str | None = None                          # when its patched path runs the library's code
     extras: Callable[[], dict[str, Any]] = dict
     describe: Callable[[dict[str, Any]], str | None] = lambda record: None
+    default: bool = False                                # on unless given False (True), off unless given True
+    # (options) -> the kind, ops and fallback of what it patches under them; None: kind, ops, fallback
+    variant: Callable[[dict[str, Any]], tuple[str, tuple[str, ...], str | None]] | None = None
 
     @property
     def keywords(self) -> tuple[str, ...]:
         """The ``inject`` keywords it takes: its switch, then its options'."""
         return (self.switch, *(f"{self.switch}_{option.name}" for option in self.options))
+
+    def reported(self, options: dict[str, Any]) -> tuple[str, tuple[str, ...], str | None]:
+        """The kind, ops and fallback of what it patches with these options (``variant``)."""
+        return self.variant(options) if self.variant is not None else (self.kind, self.ops, self.fallback)
 
 
 def _cuda() -> tuple[str, ...]:
@@ -458,14 +469,18 @@ def check_keywords(keywords: dict[str, Any], tables: Iterable[RuleTable],
     rule_switches = switches_of(rule for table in tables for rule in table.all_rules)
     unknown = sorted(set(keywords) - set(rule_switches) - pass_keywords)
     if unknown and passes:
-        listed = ", ".join(f"{p.switch} ({p.what}" + (f"; options {', '.join(p.keywords[1:])}" if p.options else "")
-                           + ")" for _, p in sorted(passes.items()))
+        def listed(default: bool) -> str:
+            return ", ".join(f"{p.switch} ({p.what}" + (f"; options {', '.join(p.keywords[1:])}" if p.options else "")
+                             + ")" for _, p in sorted(passes.items()) if p.default == default)
+
+        groups = [f"({'on unless given False' if default else 'off unless given True'}) {listed(default)}"
+                  for default in (False, True) if listed(default)]
         raise TypeError(f"{where}: unknown switch(es) {unknown}; the switches are {list(rule_switches)}, and the "
-                        f"passes (off unless given True) {listed}")
+                        f"passes {'; '.join(groups)}")
     switches = check_switches({k: v for k, v in keywords.items() if k not in pass_keywords}, rule_switches, where)
     on: dict[str, dict[str, Any]] = {}
     for switch, p in sorted(passes.items()):
-        value = keywords.get(switch, False)
+        value = keywords.get(switch, p.default)
         if not isinstance(value, bool):
             raise TypeError(f"{where}: {switch} takes True or False, got {value!r}")
         options = {}
@@ -533,7 +548,8 @@ def apply_rules(models: Iterable[tuple[str, torch.nn.Module, RuleTable]], tk: Mo
             if p.switch in passes:
                 patched = p.apply(model, prefix, injection, passes[p.switch])
                 if patched:
-                    _count(report, p.kind, patched, p.ops, p.fallback)
+                    kind, ops, fallback = p.reported(passes[p.switch])
+                    _count(report, kind, patched, ops, fallback)
         # set even when nothing was patched, so that uninject() of an injected model always works
         object.__setattr__(model, UNDO_ATTR, injection.undo)
     return report
@@ -594,6 +610,7 @@ def inject_models(models: Iterable[tuple[str, torch.nn.Module, RuleTable]], tk: 
     mode), lets each pass that is on refuse (``Pass.check``; a build without its ops), and applies
     each (path prefix, model, table)'s rules, then its passes."""
     switches, passes = check_keywords(keywords, tables, "inject")
+    passes = dict(passes)
     models = list(models)
     if tk is None:
         from .loading import load_kernel
@@ -605,8 +622,12 @@ def inject_models(models: Iterable[tuple[str, torch.nn.Module, RuleTable]], tk: 
         if switch not in passes:
             continue
         p.check(tk, [m for _, m, table in models if p in table.passes], training)
-        missing = [op for op in p.ops if not hasattr(tk, op)]
-        if missing:
+        missing = [op for op in p.reported(passes[switch])[1] if not hasattr(tk, op)]
+        if missing and p.default and switch not in keywords:  # on by default, not asked for: an older build
+            logger.warning(f"transformer-kernels: {switch} is left out: this kernel build lacks "
+                           f"{', '.join(missing)} (update the kernel)")
+            del passes[switch]
+        elif missing:
             raise ValueError(f"inject: {switch}=True needs the kernel's {', '.join(missing)}; this build lacks "
                              f"{'it' if len(missing) == 1 else 'them'} (update the kernel)")
     return apply_rules(models, tk, switches=switches, strict=strict, training=training, passes=passes)

@@ -24,7 +24,7 @@ from reference.fp8 import quantize_fp8_rowwise  # noqa: E402
 
 transformers = pytest.importorskip("transformers")
 from test_integration_transformers import small_model  # noqa: E402
-from transformer_kernels_integrations import KernelFallbackError, diffusers_models, fp8, inject, merging  # noqa: E402
+from transformer_kernels_integrations import KernelFallbackError, decode, diffusers_models, fp8, inject, merging  # noqa: E402
 from transformer_kernels_integrations import transformers_models, uninject  # noqa: E402
 
 LLAMA_FP8 = [f"model.layers.{i}.{p}" for i in range(2) for p in (
@@ -236,9 +236,11 @@ def test_ltx_output_is_the_reference_fp8_model_s(cpu_fp8):
 # ---- FP8 as a pass of the tables; the quant contract decided once at inject ----
 
 def test_fp8_is_a_pass_of_both_tables():
-    """The engine sees FP8 only as the pass its tables carry: fp8 and fp8_exclude are its keywords."""
-    assert transformers_models.TABLE.passes == diffusers_models.TABLE.passes == (fp8.PASS,)
-    assert fp8.PASS.keywords == ("fp8", "fp8_exclude") and fp8.PASS.ops == fp8.OPS
+    """The engine sees FP8 only as the pass its tables carry: fp8, fp8_exclude and fp8_weights_only are
+    its keywords (the transformers table carries the decode pass after it)."""
+    assert diffusers_models.TABLE.passes == (fp8.PASS,)
+    assert transformers_models.TABLE.passes == (fp8.PASS, decode.PASS)
+    assert fp8.PASS.keywords == ("fp8", "fp8_exclude", "fp8_weights_only") and fp8.PASS.ops == fp8.OPS
     assert "fp8" not in transformers_models.SWITCHES  # a pass, off by default: not a rule switch
 
 
@@ -307,7 +309,8 @@ def test_without_fp8_the_producers_plan_nothing(cpu_fp8):
     with torch.no_grad():
         model(IDS)
     assert not any(name.endswith("_fp8") for name in kernels.calls), kernels.calls
-    assert report.extras == {"fp8": {"layers": [], "weight_bytes": 0}} and report.fp8_layers == []
+    assert report.extras == {"fp8": {"layers": [], "weight_bytes": 0}, "decode_linear": {"gemms": []}}
+    assert report.fp8_layers == []
     assert "fp8" not in str(report)
 
 
@@ -412,8 +415,14 @@ def test_fp8_keywords_are_checked_by_every_inject(cpu_fp8, entry):
     with pytest.raises(TypeError, match=r"inject: fp8_exclude takes module-path patterns \(strings\), got int 3"):
         call(model, tk, fp8=True, fp8_exclude=["*.mlp.*", 3])
     with pytest.raises(TypeError, match=r"unknown switch\(es\) \['fp8_include'\]; the switches are .*the passes "
-                                        r"\(off unless given True\) fp8 \(the FP8 layers; options fp8_exclude\)"):
+                                        r"\(off unless given True\) fp8 \(the FP8 layers; options fp8_exclude, "
+                                        r"fp8_weights_only\)" + ("" if entry == "diffusers" else
+                                                                  r"; \(on unless given False\) decode_linear")):
         call(model, tk, fp8=True, fp8_include=["*"])
+    with pytest.raises(TypeError, match="inject: fp8_weights_only takes True or False, got 'weights'"):
+        call(model, tk, fp8=True, fp8_weights_only="weights")
+    with pytest.raises(ValueError, match=r"inject: fp8_weights_only is given but fp8 is off \(fp8=True turns "):
+        call(model, tk, fp8_weights_only=True)
     assert not hasattr(model, "_transformer_kernels_undo")
     report = call(model, tk, fp8=True, fp8_exclude=iter(["*.mlp.*"]))  # any iterable of patterns
     assert report.fp8_layers == [p for p in LLAMA_FP8 if ".mlp." not in p]

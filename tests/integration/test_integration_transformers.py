@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from families import family_module
 from helpers import EAGER_LAYERS, randomize_norm_weights
 from integration_helpers import CountingKernels, assert_every_kind_ran, assert_restored, snapshot
 from reference.activations import eager_act_and_mul, eager_act_mul
@@ -32,6 +33,7 @@ EAGER_TK = SimpleNamespace(
     silu_and_mul=lambda x: eager_act_and_mul(x, "silu", True),
     apply_rotary_pos_emb=hf_apply_rotary_pos_emb,
     hf_qk_norm_rope=hf_qk_norm_rope,
+    decode_linear=family_module("gemm", "eager").IMPLS["decode_linear"],
 )
 
 CONFIGS = {

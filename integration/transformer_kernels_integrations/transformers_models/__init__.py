@@ -54,7 +54,7 @@ def on_kernel_device(t: torch.Tensor) -> bool:
     return t.device.type in KERNEL_DEVICES
 
 
-from .. import fp8  # noqa: E402
+from .. import decode, fp8  # noqa: E402
 from ..patching import InjectionReport, Rule, RuleTable, inject_models, uninject_models  # noqa: E402
 from . import causal_lm, gemma, llama, qwen3  # noqa: E402
 from .hub import HUB_LAYERS, LLAMA_HUB_LAYERS, kernel_config, kernel_mapping  # noqa: E402
@@ -66,7 +66,8 @@ __all__ = ["HUB_LAYERS", "KERNEL_DEVICES", "LLAMA_HUB_LAYERS", "QWEN3_ATTENTIONS
 RULES: tuple[Rule, ...] = (llama.DECODER_LAYER, *qwen3.RULES, *llama.ATTENTION_RULES, *llama.MLP_RULES,
                            llama.RMS_NORM, *gemma.RULES)
 TRAINING_RULES: tuple[Rule, ...] = causal_lm.TRAINING_RULES
-TABLE = RuleTable(RULES, TRAINING_RULES, passes=(fp8.PASS,), kernel_devices=kernel_devices)
+# the FP8 pass first: the decode pass gives decode_linear to the 16-bit GEMMs it leaves
+TABLE = RuleTable(RULES, TRAINING_RULES, passes=(fp8.PASS, decode.PASS), kernel_devices=kernel_devices)
 SWITCHES = TABLE.switches
 
 
@@ -87,8 +88,13 @@ def inject(model: torch.nn.Module, tk: ModuleType | None = None, *, strict: bool
     report; see the module docstring). ``fp8=True`` (a pass of the table, ``fp8.PASS``; off by default;
     inference on GPUs with FP8 tensor cores, compute capability 8.9+): the large linear layers of the
     blocks run as FP8 GEMMs (``fp8.py``: which layers, what stays bf16, memory); ``fp8_exclude``:
-    ``fnmatch`` patterns of module paths kept in bf16. `tk`: the kernel module (default:
-    ``load_kernel()``). Undo with ``uninject``."""
+    ``fnmatch`` patterns of module paths kept in bf16; ``fp8_weights_only=True``: those layers keep
+    e4m3 weights in place of their 16-bit ones and 16-bit inputs, ``decode_linear`` for a decode
+    step's rows (at most ``decode.FP8_MAX_ROWS``), the dequantized weight with ``F.linear`` for more.
+    ``decode_linear`` (a pass on by default, ``decode.PASS``; ``False`` turns it off): the decoder
+    layers' 16-bit projections (and merges) run ``decode_linear`` where a call has at most
+    ``decode.BF16_MAX_ROWS`` rows, ``F.linear`` otherwise (``decode.py``: the thresholds and what they
+    come from). `tk`: the kernel module (default: ``load_kernel()``). Undo with ``uninject``."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"inject: expected a transformers model (torch.nn.Module), got {type(model).__name__}")
     return inject_models([("", model, TABLE)], tk, keywords=switches, tables=(TABLE,), strict=strict,
