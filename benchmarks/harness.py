@@ -4,7 +4,9 @@ Each case times our op and its baselines (the model library's eager code, the na
 op where one exists, ``torch.compile`` of the eager code, Liger when installed) in the same run:
 median of CUDA-event timings after warm-up with the L2 flushed (``triton.testing.do_bench``),
 reported as GB/s and as a percentage of a device-to-device copy measured in the same run.
-Host-bound shapes (decode rows) also get the per-call time from eager Python.
+Host-bound shapes (decode rows) also get the per-call time from eager Python. Compute-bound cases
+(attention) give their FLOPs instead: reported as TFLOP/s in a table of their own, with each
+implementation's error against a float64 reference where the case measured it.
 """
 
 from __future__ import annotations
@@ -230,6 +232,8 @@ class Case:
     impls: dict[str, Callable[[], object]]
     latency: bool = False            # also measure the per-call time from eager Python
     note: str = ""
+    flops: int = 0                   # compute-bound: the FLOPs of one call (TFLOP/s, not GB/s, reported)
+    errors: dict[str, dict[str, float]] = field(default_factory=dict)  # impl -> {"cosine", "rel_l2"} vs float64
 
 
 @dataclass
@@ -244,6 +248,9 @@ class Result:
     bytes_moved: int
     call_us: float | None = None
     note: str = ""
+    flops: int = 0
+    tflops: float | None = None
+    errors: dict[str, float] | None = None
 
 
 @dataclass
@@ -255,7 +262,7 @@ class Report:
     size_copy_gbps: dict[int, float] = field(default_factory=dict)  # bytes moved -> same-size copy GB/s
 
     def run(self, case: Case) -> None:
-        if case.bytes_moved >= SIZE_COPY_MIN_BYTES and case.bytes_moved not in self.size_copy_gbps:
+        if not case.flops and case.bytes_moved >= SIZE_COPY_MIN_BYTES and case.bytes_moved not in self.size_copy_gbps:
             self.size_copy_gbps[case.bytes_moved] = copy_gbps(case.bytes_moved // 2)
         for impl, fn in case.impls.items():
             try:
@@ -265,8 +272,10 @@ class Report:
                 self.skipped.append(f"{case.op} {case.shape} {case.dtype} {impl}: {type(e).__name__}: {e}"[:300])
                 continue
             gbps = case.bytes_moved / (ms * 1e-3) / 1e9
+            tflops = case.flops / (ms * 1e-3) / 1e12 if case.flops else None
             self.results.append(Result(case.op, case.shape, case.dtype, impl, ms, gbps,
-                                       100 * gbps / self.copy_gbps, case.bytes_moved, call, case.note))
+                                       100 * gbps / self.copy_gbps, case.bytes_moved, call, case.note,
+                                       case.flops, tflops, case.errors.get(impl)))
 
     def save(self, out_dir: Path, stem: str) -> tuple[Path, Path]:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -291,13 +300,15 @@ class Report:
                  f"(half read, half written) and give ours as a % of it: what the size itself costs.",
                  "", build_line(e), ""]
         by_case: dict[tuple, dict[str, Result]] = {}
-        for r in self.results:
+        memory_bound = [r for r in self.results if not r.flops]
+        for r in memory_bound:
             by_case.setdefault((r.op, r.shape, r.dtype), {})[r.impl] = r
-        impls = list(dict.fromkeys(r.impl for r in self.results))
+        impls = list(dict.fromkeys(r.impl for r in memory_bound))
         baselines = [i for i in impls if i != "ours"]
         header = (["op", "shape", "dtype", "MB"] + [f"{i} GB/s (% copy)" for i in impls] +
                   ["ours vs best baseline", "same-size copy GB/s", "ours % of same-size copy"])
-        lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        if memory_bound:
+            lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         for (op, shape, dtype), row in by_case.items():
             cells = [op, shape, dtype, f"{next(iter(row.values())).bytes_moved / 1e6:.1f}"]
             for i in impls:
@@ -308,6 +319,7 @@ class Report:
             cells.append(f"{size_copy:.0f}" if size_copy else "—")
             cells.append(f"{100 * row['ours'].gbps / size_copy:.0f}%" if size_copy and "ours" in row else "—")
             lines.append("| " + " | ".join(cells) + " |")
+        lines += self._compute_bound_table()
         lat = [r for r in self.results if r.call_us is not None]
         if lat:
             lines += ["", "Per-call time from eager Python (host-bound shapes), µs:", "",
@@ -316,3 +328,23 @@ class Report:
         if self.skipped:
             lines += ["", "Not run:", ""] + [f"- {s}" for s in self.skipped]
         return "\n".join(lines) + "\n"
+
+    def _compute_bound_table(self) -> list[str]:
+        """The compute-bound cases (FLOPs given): one row per implementation, its time, TFLOP/s, ours'
+        speed-up over it, and its error against float64 where the case measured it."""
+        rows = [r for r in self.results if r.flops]
+        if not rows:
+            return []
+        ours = {(r.op, r.shape, r.dtype): r for r in rows if r.impl == "ours"}
+        lines = ["", "Compute-bound cases: TFLOP/s counts the FLOPs each case states (attention: 4·B·H·Sq·Sk·D); "
+                 "the error is against float64 on the same inputs (cosine, relative L2).", "",
+                 "| op | shape | dtype | impl | ms | TFLOP/s | ours' speed-up | cosine | rel L2 |",
+                 "|---|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            mine = ours.get((r.op, r.shape, r.dtype))
+            speedup = f"{r.ms / mine.ms:.2f}×" if mine is not None and r.impl != "ours" else "—"
+            cos = f"{r.errors['cosine']:.6f}" if r.errors else "—"
+            rel = f"{r.errors['rel_l2']:.4f}" if r.errors else "—"
+            lines.append(f"| {r.op} | {r.shape} | {r.dtype} | {r.impl} | {r.ms:.3f} | {r.tflops:.0f} | {speedup} | "
+                         f"{cos} | {rel} |")
+        return lines

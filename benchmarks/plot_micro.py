@@ -29,7 +29,7 @@ def plot(result_path: Path, out: Path) -> Path:
     # op -> shape -> impl -> (MB, GB/s); bf16 size sweeps (decode calls are host-bound, in the tables)
     cases: dict[str, dict[str, dict[str, tuple[float, float]]]] = defaultdict(lambda: defaultdict(dict))
     for r in data["results"]:
-        if r["bytes_moved"] >= 1 << 20 and r["dtype"] == "bfloat16":
+        if r["bytes_moved"] >= 1 << 20 and r["dtype"] == "bfloat16" and not r.get("flops"):  # (TFLOP/s cases: tables)
             cases[r["op"]][r["shape"]][r["impl"]] = (r["bytes_moved"] / 1e6, r["gbps"])
     ops = sorted(cases)
     cols = 2

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "activation/ops.h"
+#include "attention/ops.h"
 #include "gemm/ops.h"
 #include "group_norm/ops.h"
 #include "loss/ops.h"
@@ -327,6 +328,15 @@ void define_quant(torch::Library& ops) {
     ops.impl("act_mul_fp8", key, &tk::act_mul_fp8);
   }
 }
+
+// Attention with 8-bit products (csrc/attention).
+void define_attention(torch::Library& ops) {
+  // Non-causal softmax(q kᵀ · scale) v: q·kᵀ in INT8 after smoothing k, p·v in FP8, softmax in fp32.
+  ops.def("attention_8bit(Tensor q, Tensor k, Tensor v, float? scale=None) -> Tensor");
+  for (const auto key : kKeys) {
+    ops.impl("attention_8bit", key, &tk::attention_8bit);
+  }
+}
 }  // namespace
 
 TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
@@ -338,6 +348,7 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   define_group_norm(ops);
   define_loss(ops);
   define_quant(ops);
+  define_attention(ops);
   bump_versions_of_written_tensors(ops);
 }
 

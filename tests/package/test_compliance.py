@@ -138,7 +138,8 @@ def test_each_family_declares_its_entry_points_once_and_pins_them():
     (kDeclaredEntryPoints: a definition with another signature fails to compile there), and the
     binding includes every ops.h (and no other declaration of them) and registers only declared ones."""
     declared = declared_entry_points()
-    assert set(declared) == {"activation", "gemm", "group_norm", "loss", "norm", "qk_norm_rope", "quant", "rope"}, declared.keys()
+    assert set(declared) == {"activation", "attention", "gemm", "group_norm", "loss", "norm", "qk_norm_rope", "quant",
+                             "rope"}, declared.keys()
     everything = set().union(*declared.values())
     assert sum(len(v) for v in declared.values()) == len(everything), "an entry point declared twice"
     for family, names in declared.items():

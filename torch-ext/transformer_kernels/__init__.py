@@ -24,6 +24,7 @@ from .activation import (
     silu,
     silu_and_mul,
 )
+from .attention import attention_8bit
 from .group_norm import add_group_norm, group_norm
 from .gemm import decode_linear, linear_fp8, linear_gelu, linear_gelu_fused
 from .loss import fused_linear_cross_entropy
@@ -63,6 +64,7 @@ __all__ = [
     "add_group_norm",
     "apply_rotary_pos_emb",
     "apply_rotary_pos_emb_",
+    "attention_8bit",
     "decode_linear",
     "flux_rope",
     "fused_add_rms_norm",
