@@ -165,7 +165,8 @@ VALUES = ("e4m3", "input", "exact")
 
 def emulate_attention_8bit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: Optional[float] = None, *,
                            values: str = "e4m3", int8_qk: bool = True, smooth: bool = True, balance: bool = True,
-                           block: int = KEY_BLOCK, out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+                           smooth_q: bool = False, key_scale: str = "block", block: int = KEY_BLOCK,
+                           out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """Steps 1-6, with the p·v product of either of the kernel's forms and switches for the tests.
 
     ``values``: ``"e4m3"``, p·v on FP8 tensor cores (steps 3 and 5: p·448 and v's per-channel codes
@@ -176,22 +177,36 @@ def emulate_attention_8bit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sc
     ``balance=False`` leaves out the channel balance (``channel_balance``) before the codes. The
     scores, the online softmax over blocks of ``block`` keys and the final division run as the
     kernel's either way. Returns contiguous ``[B, H, Sq, D]`` in ``out_dtype`` (default q's dtype;
-    float32 keeps the unrounded result)."""
+    float32 keeps the unrounded result).
+
+    Two steps the kernel does not take yet, for measuring the next recipe (benchmarks/NOTES.md
+    §8-bit attention): ``smooth_q=True`` subtracts q's channel mean over the queries before its codes
+    and adds its product with the smoothed k, a per-key bias, to the scores exactly (SageAttention 2's
+    q smoothing); ``key_scale="key"`` gives k one INT8 scale per key instead of per block."""
     assert values in VALUES, values
     out_dtype = q.dtype if out_dtype is None else out_dtype
     B, H, Sq, D = q.shape
     Sk = k.shape[-2]
     if Sk == 0 or q.numel() == 0:
         return torch.zeros(B, H, Sq, v.shape[-1], dtype=out_dtype, device=q.device)
+    assert key_scale in ("block", "key"), key_scale
     q32, k32, v32 = q.float(), k.float(), v.float()
     if smooth:
         k32, _ = smooth_k(k32)
+    key_bias = None  # [B, H, 1, Sk]: q's mean times each (smoothed) key
+    if int8_qk and smooth_q:
+        q_mean = q32.mean(dim=-2, keepdim=True)
+        q32 = q32 - q_mean
+        key_bias = torch.matmul(q_mean.double(), k32.double().transpose(-1, -2)).float()
     if int8_qk and balance:
-        b = channel_balance(q, k)
+        b = channel_balance(q32, k)
         q32, k32 = q32 * b, k32 / b
     if int8_qk:
         qa, q_scale = quantize_q(q32)
-        ka, k_scale = quantize_k_blocks(k32, block)
+        if key_scale == "key":
+            ka, per_key = quantize_q(k32)  # one scale per row of k: per key
+        else:
+            ka, k_scale = quantize_k_blocks(k32, block)
     else:
         qa, q_scale = q32, torch.ones_like(q32[..., :1])
         ka, k_scale = k32, torch.ones(B, H, len(key_blocks(Sk, block)), device=q.device)
@@ -210,7 +225,12 @@ def emulate_attention_8bit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sc
         # the integer dot products, exact in float64 (|sum| <= 128 * 127^2 < 2^24: exact in float32
         # too); unquantized, the float64 product rounded once
         dots = torch.matmul(qa.double(), ka[..., keys, :].double().transpose(-1, -2)).float()
-        s = dots * k_scale[..., j, None, None] * row_factor
+        if int8_qk and key_scale == "key":
+            s = dots * per_key[..., keys, 0].unsqueeze(-2) * row_factor
+        else:
+            s = dots * k_scale[..., j, None, None] * row_factor
+        if key_bias is not None:
+            s = s + key_bias[..., keys] * torch.tensor(softmax_scale(D, scale) * LOG2E, dtype=torch.float32)
         m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
         alpha = torch.exp2(m - m_new)
         p = torch.exp2(s - m_new)
